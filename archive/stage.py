@@ -1,0 +1,93 @@
+"""Copy a Hugging Face model folder into a staging folder with safetensors weights only.
+
+What is copied: config.json, tokenizer files, sentence-transformers description files, and
+the weights. Pickled weights (`pytorch_model.bin`) are converted to safetensors with
+`torch.load(weights_only=True)`, which refuses arbitrary objects; a checkpoint that needs
+more than tensors is refused. Nothing pickled is ever copied.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path, PurePosixPath
+
+import torch
+from safetensors.torch import save_file
+
+CONFIG_FILES = ("config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+class StageError(ValueError):
+    pass
+
+
+def stage_model(source: Path, target: Path) -> None:
+    if not (source / "config.json").is_file():
+        raise StageError(f"{source} is not a Hugging Face model folder: config.json is missing")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in CONFIG_FILES + TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+    for folder in _module_folders(source):
+        if (source / folder / "config.json").is_file():
+            (target / folder).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / folder / "config.json", target / folder / "config.json")
+    _stage_weights(source, target)
+    if not (target / "tokenizer.json").is_file():
+        _convert_tokenizer(source, target)
+
+
+def safe_relative(name: str, what: str) -> PurePosixPath:
+    """A relative path that stays inside its folder, or StageError."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or "\\" in name:
+        raise StageError(f"{what} '{name}' escapes the model folder; refusing to archive it")
+    return path
+
+
+def _module_folders(source: Path) -> list[str]:
+    modules_file = source / "modules.json"
+    if not modules_file.is_file():
+        return []
+    folders = [m.get("path", "") for m in json.loads(modules_file.read_text())]
+    return [str(safe_relative(f, "modules.json path")) for f in folders if f]
+
+
+def _stage_weights(source: Path, target: Path) -> None:
+    index = source / "model.safetensors.index.json"
+    if (source / "model.safetensors").is_file():
+        shutil.copyfile(source / "model.safetensors", target / "model.safetensors")
+    elif index.is_file():
+        shutil.copyfile(index, target / index.name)
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            shutil.copyfile(source / safe_relative(shard, "weight shard"), target / shard)
+    elif (source / "pytorch_model.bin").is_file():
+        _convert_pickled_weights(source / "pytorch_model.bin", target / "model.safetensors")
+    else:
+        raise StageError(f"{source} has no weights: expected model.safetensors or pytorch_model.bin")
+
+
+def _convert_pickled_weights(checkpoint: Path, output: Path) -> None:
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as err:  # weights_only refuses anything but tensors and plain containers
+        raise StageError(f"cannot convert {checkpoint.name} safely (it holds more than tensors): {err}") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise StageError(f"{checkpoint.name} is not a flat state dict of tensors; refusing to convert it")
+    # safetensors refuses tensors that share memory (tied weights): give each its own copy.
+    save_file({k: v.contiguous().clone() for k, v in state.items()}, str(output), metadata={"format": "pt"})
+
+
+def _convert_tokenizer(source: Path, target: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, use_fast=True)
+    if not tokenizer.is_fast:
+        raise StageError(f"{source} has no fast tokenizer and none could be converted")
+    tokenizer.save_pretrained(target)

@@ -1,0 +1,1 @@
+"""Text-embedding handler for TorchServe: a server-agnostic engine plus one TorchServe adapter."""

@@ -1,0 +1,141 @@
+"""The encoder: tokenizer and transformer loaded from safetensors, run under inference_mode.
+
+`embed` takes token ids in any order and returns pooled float32 vectors in the same order;
+internally it sorts by length and cuts forward passes under a padded-token budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as transformers_logging
+
+from handler.batching import plan_sub_batches
+from handler.model_files import ModelFilesError, describe_model
+from handler.pooling import POOLING_MODES, pool
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Loading progress bars are noise in a server's log.
+transformers_logging.disable_progress_bar()
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: torch.device
+    dtype: torch.dtype
+    cpu_threads: int  # 0 on GPU: torch's default is left alone
+
+
+def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool) -> Placement:
+    """Pick device, dtype and CPU threads from the settings and what this worker was given."""
+    if settings.device == "auto":
+        device = torch.device(f"cuda:{gpu_id or 0}") if cuda_available else torch.device("cpu")
+    else:
+        device = torch.device(settings.device)
+        if device.type == "cuda" and not cuda_available:
+            raise ValueError(f"handler setting 'device': {settings.device} requested but CUDA is not available")
+    if settings.dtype == "auto":
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = _DTYPES[settings.dtype]
+    if device.type == "cpu" and dtype == torch.float16:
+        raise ValueError("handler setting 'dtype': float16 is not supported on CPU; use float32 or bfloat16")
+    threads = 0
+    if device.type == "cpu":
+        # Workers are separate processes; split the cores between them instead of oversubscribing.
+        threads = settings.cpu_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+    return Placement(device, dtype, threads)
+
+
+class Encoder:
+    def __init__(self, model_dir: str | Path, settings: Settings, placement: Placement):
+        self.model_dir = Path(model_dir)
+        self.settings = settings
+        self.placement = placement
+        if placement.cpu_threads:
+            torch.set_num_threads(placement.cpu_threads)
+
+        description = describe_model(self.model_dir)
+        self.pooling = settings.pooling if settings.pooling != "auto" else (description.pooling or "mean")
+        if self.pooling not in POOLING_MODES:
+            raise ModelFilesError(
+                f"the model asks for '{self.pooling}' pooling, which is not supported; "
+                f"set handler setting 'pooling' to one of {', '.join(POOLING_MODES)}"
+            )
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, use_fast=True)
+        if not self.tokenizer.is_fast:
+            raise ModelFilesError(f"{self.model_dir} has no fast tokenizer (tokenizer.json)")
+        self.model = self._load_model()
+        self.max_length = self._resolve_max_length(description.max_seq_length)
+        self.dimension = int(self.model.config.hidden_size)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def _load_model(self) -> torch.nn.Module:
+        kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)
+        try:
+            model = AutoModel.from_pretrained(self.model_dir, attn_implementation="sdpa", **kwargs)
+        except (ValueError, ImportError) as err:  # architectures without SDPA support
+            log.warning("SDPA attention unavailable (%s); using eager attention", err)
+            model = AutoModel.from_pretrained(self.model_dir, **kwargs)
+        return model.to(self.placement.device).eval()
+
+    def _resolve_max_length(self, st_max_length: int | None) -> int:
+        positions = getattr(self.model.config, "max_position_embeddings", None) or 10**9
+        if self.settings.max_length:
+            if self.settings.max_length > positions:
+                raise ValueError(
+                    f"handler setting 'max_length': {self.settings.max_length} exceeds the model's "
+                    f"{positions} position embeddings"
+                )
+            return self.settings.max_length
+        tokenizer_limit = self.tokenizer.model_max_length
+        if not tokenizer_limit or tokenizer_limit > 10**6:  # transformers' "no limit" sentinel
+            tokenizer_limit = positions
+        return min(st_max_length or tokenizer_limit, tokenizer_limit, positions)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        encoded = self.tokenizer(
+            list(texts),
+            truncation=True,
+            max_length=self.max_length,
+            padding=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return encoded["input_ids"]
+
+    def embed(self, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order."""
+        lengths = [len(ids) for ids in token_ids]
+        out = torch.empty((len(token_ids), self.dimension), dtype=torch.float32)
+        plan = plan_sub_batches(lengths, self.settings.max_batch_tokens, self.settings.max_batch_size)
+        with torch.inference_mode():
+            for indices in plan:
+                ids, mask = self._pad([token_ids[i] for i in indices])
+                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)
+                out[indices] = pool(hidden, mask, self.pooling).cpu()
+        return out
+
+    def _pad(self, rows: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad to the longest row; on GPU round up to a multiple of 8 for tensor cores."""
+        length = max(len(r) for r in rows)
+        if self.placement.device.type == "cuda":
+            length = -(-length // 8) * 8
+        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        device = self.placement.device
+        return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)

@@ -1,0 +1,101 @@
+"""Handler settings: the `handler:` section of model-config.yaml, validated once at start-up.
+
+A bad value raises SettingsError naming the key, so the worker stops with a message an
+operator can act on instead of failing later on the first request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+POOLINGS = ("auto", "mean", "cls", "last_token")
+
+
+class SettingsError(ValueError):
+    """A setting in the `handler:` section is unknown or has an invalid value."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"handler setting '{key}': {problem}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Where the model files live, relative to the unpacked .mar.
+    model_path: str = "model"
+    # "auto": the GPU TorchServe assigned to this worker when CUDA is available, else CPU.
+    device: str = "auto"
+    # "auto": float16 on CUDA, float32 on CPU.
+    dtype: str = "auto"
+    # "auto": read from the model's sentence-transformers files, else mean.
+    pooling: str = "auto"
+    normalize: bool = True
+    # Token limit per input; 0 means the model's own (sentence-transformers max_seq_length,
+    # else the tokenizer's limit capped by the position embeddings).
+    max_length: int = 0
+    # Each forward pass holds at most this many padded tokens (longest x count) ...
+    max_batch_tokens: int = 16384
+    # ... and at most this many sequences.
+    max_batch_size: int = 256
+    # Torch intra-op threads per worker; 0 means CPU cores divided by the worker count.
+    cpu_threads: int = 0
+    # Run one embedding in initialize so a READY worker has really embedded.
+    warmup: bool = True
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any] | None) -> "Settings":
+        section = dict(section or {})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - set(fields))
+        if unknown:
+            raise SettingsError(unknown[0], f"unknown setting; known: {', '.join(sorted(fields))}")
+        values = {name: _coerce(name, value, type(fields[name].default)) for name, value in section.items()}
+        settings = cls(**values)
+        settings._validate()
+        return settings
+
+    def _validate(self) -> None:
+        if not self.model_path:
+            raise SettingsError("model_path", "must not be empty")
+        if not (self.device in DEVICES or self.device.startswith("cuda:")):
+            raise SettingsError("device", f"'{self.device}' is not one of {', '.join(DEVICES)} or cuda:N")
+        _require_choice("dtype", self.dtype, DTYPES)
+        _require_choice("pooling", self.pooling, POOLINGS)
+        if self.max_length < 0:
+            raise SettingsError("max_length", "must be >= 0 (0 means the model's limit)")
+        if self.max_batch_size < 1:
+            raise SettingsError("max_batch_size", "must be >= 1")
+        if self.max_batch_tokens < 1:
+            raise SettingsError("max_batch_tokens", "must be >= 1")
+        if self.cpu_threads < 0:
+            raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
+
+
+def _require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SettingsError(key, f"'{value}' is not one of {', '.join(choices)}")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    # YAML already types most values; accept the obvious string spellings too.
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise SettingsError(key, f"expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise SettingsError(key, f"expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        raise SettingsError(key, f"expected an integer, got {value!r}")
+    if not isinstance(value, str):
+        raise SettingsError(key, f"expected a string, got {value!r}")
+    return value

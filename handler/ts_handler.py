@@ -1,0 +1,86 @@
+"""TorchServe entry point: the only module that knows TorchServe.
+
+It reads settings from the model's model-config.yaml, builds the engine, and in `handle`
+moves each request's body and headers in and each response's status, headers and body out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import torch
+from ts.context import Context
+
+from handler.encoder import Encoder, resolve_placement
+from handler.engine import EmbeddingEngine, RawRequest
+from handler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingHandler:
+    def __init__(self) -> None:
+        self.engine: EmbeddingEngine | None = None
+        self.initialized = False
+
+    def initialize(self, context: Context) -> None:
+        started = time.perf_counter()
+        config = context.model_yaml_config or {}
+        settings = Settings.from_mapping(config.get("handler"))
+        properties = context.system_properties
+        placement = resolve_placement(
+            settings,
+            gpu_id=properties.get("gpu_id"),
+            workers=int(config.get("minWorkers") or 1),
+            cuda_available=torch.cuda.is_available(),
+        )
+        encoder = Encoder(Path(properties["model_dir"]) / settings.model_path, settings, placement)
+        self.engine = EmbeddingEngine(encoder, model_name=context.model_name)
+        if settings.warmup:
+            self.engine.warmup()
+        self.initialized = True
+        log.info(
+            "model %s ready: device=%s dtype=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
+            context.model_name, placement.device, placement.dtype, placement.cpu_threads,
+            encoder.pooling, encoder.max_length, encoder.dimension, time.perf_counter() - started,
+        )
+
+    def handle(self, data: list[dict[str, Any]] | None, context: Context) -> list[bytes] | None:
+        if data is None:  # TorchServe's function-style initialization call; nothing to answer
+            return None
+        raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
+        responses = self.engine.handle(raw)
+        for idx, response in enumerate(responses):
+            context.set_response_content_type(idx, "application/json")
+            if response.status != 200:
+                # The reason phrase is fixed ASCII; the detail is in the JSON body.
+                context.set_response_status(response.status, HTTPStatus(response.status).phrase, idx)
+            for key, value in response.headers.items():
+                context.set_response_header(idx, key, value)
+        return [response.body for response in responses]
+
+
+def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:
+    # A plain POST body arrives as the parameter "body" (or "data" from some clients).
+    body = row.get("body", row.get("data"))
+    return RawRequest(body=body, content_type=_content_type(idx, context), url_path=_header(idx, context, "url_path"))
+
+
+def _content_type(idx: int, context: Context) -> str | None:
+    # TorchServe records the body parameter's content type under the parameter's name.
+    for name in ("body", "data"):
+        parameter = context.get_request_header(idx, name)
+        if isinstance(parameter, dict) and parameter.get("content-type"):
+            return parameter["content-type"]
+    return _header(idx, context, "content-type")
+
+
+def _header(idx: int, context: Context, name: str) -> str | None:
+    for key, value in context.get_all_request_header(idx).items():
+        if key.lower() == name and isinstance(value, str):
+            return value
+    return None

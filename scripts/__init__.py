@@ -1,0 +1,1 @@
+"""Operator scripts: start, wait for and stop TorchServe."""

@@ -1,0 +1,234 @@
+"""Start TorchServe, wait until it really embeds, and stop it.
+
+    python -m scripts.serverctl start [--config config.properties] [--timeout 600]
+    python -m scripts.serverctl stop  [--config config.properties]
+
+`/ping` answers Healthy even while every worker crashes in `initialize`, and `torchserve
+--start` exits 0 at once whatever happens, so readiness here means a real embedding request
+answered 200 for every model in `models=`. A worker that keeps dying, or a frontend that
+exits, ends the wait early with the log lines that say why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+
+from archive.ts_config import read_properties
+
+WORKER_DEATHS_BEFORE_GIVING_UP = 3
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class TorchServe:
+    config: Path
+    workdir: Path  # holds key_file.json, logs/ and the pid file; one folder per server
+
+    def __post_init__(self) -> None:
+        self.config = self.config.resolve()
+        self.workdir = self.workdir.resolve()
+        self.properties = read_properties(self.config)
+        self.models = json.loads(self.properties.get("models") or "{}")
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # TMPDIR holds the pid file and TEMP the worker sockets: per server, so that two
+        # servers on one machine never share either.
+        tmp = self.workdir / ".run"
+        env.update(TMPDIR=str(tmp), TEMP=str(tmp), LOG_LOCATION=str(self.logs), METRICS_LOCATION=str(self.logs))
+        return env
+
+    def url(self, api: str) -> str:
+        return self.properties[f"{api}_address"].rstrip("/")
+
+    def keys(self) -> dict[str, str]:
+        data = json.loads((self.workdir / "key_file.json").read_text())
+        return {"inference": data["inference"]["key"], "management": data["management"]["key"]}
+
+    def auth(self, api: str = "inference") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys()[api]}"}
+
+    def start(self) -> None:
+        if self.pid() is not None:
+            raise ServerError(f"a server is already running from {self.workdir} (pid {self.pid()}); stop it first")
+        for address in ("inference", "management", "metrics"):
+            _require_free_port(self.url(address))
+        (self.workdir / ".run").mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "key_file.json").unlink(missing_ok=True)
+        model_store = Path(self.properties.get("model_store", "model_store"))
+        if not model_store.is_absolute():
+            model_store = self.config.parent / model_store
+        command = [_torchserve(), "--start", "--ncs", "--ts-config", str(self.config), "--model-store", str(model_store)]
+        # The JVM keeps its stdout open: write it to a file, never to a pipe.
+        with (self.logs / "torchserve.out").open("ab") as out:
+            subprocess.run(command, cwd=self.workdir, env=self.env, stdout=out, stderr=subprocess.STDOUT, check=True)
+
+    def pid(self) -> int | None:
+        pid_file = self.workdir / ".run" / ".model_server.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+            os.kill(pid, 0)
+            return pid
+        except (OSError, ValueError):
+            return None
+
+    def wait_ready(self, timeout: float = 600.0, progress: bool = False) -> None:
+        """Return once every configured model answers a real embedding request."""
+        deadline = time.monotonic() + timeout
+        pending = {name: _default_version(versions) for name, versions in self.models.items()}
+        time.sleep(1.0)  # the launcher writes the pid file a moment after it returns
+        while pending:
+            if self.pid() is None:
+                raise ServerError(f"TorchServe exited during start-up:\n{self._log_tail('torchserve.out')}")
+            deaths = self._count_in_log("ts_log.log", "Backend worker process died")
+            if deaths >= WORKER_DEATHS_BEFORE_GIVING_UP:
+                raise ServerError(
+                    f"model workers died {deaths} times during start-up; the model cannot load:\n"
+                    f"{self._log_tail('model_log.log', only_errors=True)}"
+                )
+            for name in list(pending):
+                if self._embeds(name):
+                    pending.pop(name)
+                    if progress:
+                        print(f"model {name} is ready", file=sys.stderr)
+            if pending and time.monotonic() > deadline:
+                raise ServerError(f"models {sorted(pending)} not ready after {timeout:.0f} s; see {self.logs}")
+            if pending:
+                time.sleep(1.0)
+
+    def _embeds(self, model: str) -> bool:
+        try:
+            response = requests.post(
+                f"{self.url('inference')}/predictions/{model}",
+                json={"input": ["readiness check"]},
+                headers=self.auth(),
+                timeout=30,
+            )
+        except (requests.RequestException, OSError, KeyError, ValueError):  # not up yet, or no key file yet
+            return False
+        return response.status_code == 200 and len(response.json()["data"]) == 1
+
+    def stop(self, timeout: float = 60.0) -> None:
+        pid = self.pid()
+        if pid is None:
+            return
+        subprocess.run([_torchserve(), "--stop"], cwd=self.workdir, env=self.env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while self.pid() is not None:
+            if time.monotonic() > deadline:
+                raise ServerError(f"TorchServe (pid {pid}) did not stop within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def _count_in_log(self, name: str, needle: str) -> int:
+        path = self.logs / name
+        return path.read_text(errors="replace").count(needle) if path.is_file() else 0
+
+    def _log_tail(self, name: str, lines: int = 25, only_errors: bool = False) -> str:
+        path = self.logs / name
+        if not path.is_file():
+            return f"({path} is missing)"
+        text = path.read_text(errors="replace").splitlines()
+        if only_errors:
+            text = [line for line in text if "Error" in line or "error" in line or "Traceback" in line] or text
+        return "\n".join(text[-lines:])
+
+
+def _default_version(versions: dict) -> str:
+    return next((v for v, entry in versions.items() if entry.get("defaultVersion")), next(iter(versions)))
+
+
+def _torchserve() -> str:
+    local = Path(sys.executable).parent / "torchserve"
+    found = str(local) if local.exists() else shutil.which("torchserve")
+    if not found:
+        raise ServerError("torchserve is not installed in this environment; run `make serve` or `pip install -e .`")
+    return found
+
+
+def _require_free_port(url: str) -> None:
+    import socket
+
+    parts = urlsplit(url)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((parts.hostname, parts.port))
+        except OSError:
+            raise ServerError(f"{url} is already in use; stop what listens there or change config.properties") from None
+
+
+def usage_text(server: TorchServe) -> str:
+    name = next(iter(server.models))
+    version = _default_version(server.models[name])
+    key = server.keys()["inference"]
+    base = server.url("inference")
+    return f"""
+TorchServe is up; model '{name}' answers real embeddings.
+
+  curl -s {base}/predictions/{name} \\
+    -H 'Authorization: Bearer {key}' \\
+    -H 'Content-Type: application/json' \\
+    -d '{{"input": ["The quick brown fox", "Embeddings in one call"]}}'
+
+  python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{base}/predictions/{name}/{version}/v1", api_key="{key}")
+print(client.embeddings.create(model="{name}", input=["hello world"]).data[0].embedding[:4])
+EOF
+
+Keys: {server.workdir / 'key_file.json'} (they expire; see README). Logs: {server.logs}. Stop: make stop
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="serverctl", description="start or stop TorchServe")
+    parser.add_argument("action", choices=("start", "stop"))
+    parser.add_argument("--config", type=Path, default=Path("config.properties"))
+    parser.add_argument("--workdir", type=Path, default=Path("."))
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    args = parser.parse_args(argv)
+    server = TorchServe(args.config, args.workdir)
+    try:
+        if args.action == "stop":
+            server.stop()
+            print("TorchServe stopped")
+            return 0
+        if not server.models:
+            raise ServerError(f"{args.config} configures no models; run ./build_mar.sh first")
+        server.start()
+        print("TorchServe started; waiting until the model really embeds ...", file=sys.stderr)
+        try:
+            server.wait_ready(args.timeout, progress=True)
+        except ServerError:
+            server.stop()
+            raise
+        print(usage_text(server))
+        return 0
+    except ServerError as err:
+        print(f"serverctl: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

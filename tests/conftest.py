@@ -1,0 +1,83 @@
+"""Shared fixtures: a tiny random BERT made offline, an in-process engine on it, and one real
+TorchServe per test session serving the tiny model and the real all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from archive.build import main as build_main
+from archive.ts_config import update_properties
+from handler.encoder import Encoder, resolve_placement
+from handler.engine import EmbeddingEngine
+from handler.settings import Settings
+from scripts.serverctl import TorchServe
+from tests.tiny_model import make_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The tiny model's TorchServe batching: one worker and a long delay, so concurrent
+# requests share batches.
+TINY_BATCH_SIZE = 8
+TINY_BATCH_DELAY_MS = 150
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def make_engine(model_dir: Path, **settings) -> EmbeddingEngine:
+    config = Settings.from_mapping({"device": "cpu", "cpu_threads": 1, **settings})
+    placement = resolve_placement(config, gpu_id=None, workers=1, cuda_available=False)
+    return EmbeddingEngine(Encoder(model_dir, config, placement), model_name="tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir) -> EmbeddingEngine:
+    return make_engine(tiny_model_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_server_config(root: Path) -> Path:
+    """The repository's config.properties on free loopback ports, with no models yet."""
+    config = root / "config.properties"
+    config.write_text((REPO / "config.properties").read_text())
+    update_properties(config, {
+        "inference_address": f"http://127.0.0.1:{free_port()}",
+        "management_address": f"http://127.0.0.1:{free_port()}",
+        "metrics_address": f"http://127.0.0.1:{free_port()}",
+        "model_store": str(root / "model_store"),
+        "models": "{}",
+        "load_models": "",
+    })
+    return config
+
+
+def build(config: Path, *args: str) -> None:
+    code = build_main([*args, "--export-path", str(config.parent / "model_store"), "--config", str(config)])
+    assert code == 0, f"build_mar failed for {args}"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
+    root = tmp_path_factory.mktemp("torchserve")
+    config = make_server_config(root)
+    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
+          "--batch-size", str(TINY_BATCH_SIZE), "--max-batch-delay", str(TINY_BATCH_DELAY_MS))
+    # The default model, exactly as `./build_mar.sh` with no model argument builds it.
+    build(config, "--workers", "1", "--batch-size", "16")
+    ts = TorchServe(config, root)
+    ts.start()
+    try:
+        ts.wait_ready(timeout=600)
+        yield ts
+    finally:
+        ts.stop()
