@@ -1,0 +1,168 @@
+"""The .mar build: contents, safetensors only, config.properties kept consistent, refusals."""
+
+import io
+import json
+import pickle
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from archive.build import main as build_main
+from archive.build import pickled_members
+from archive.default_model import SHA256, _mismatches
+from archive.ts_config import read_properties
+from tests.conftest import REPO, make_engine
+from tests.tiny_model import make_tiny_model
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "config.properties"
+    path.write_text((REPO / "config.properties").read_text())
+    return path
+
+
+def run_build(config: Path, *args: str) -> int:
+    return build_main([*args, "--export-path", str(config.parent / "store"), "--config", str(config)])
+
+
+def models_of(config: Path) -> dict:
+    return json.loads(read_properties(config)["models"])
+
+
+def test_tiny_mar_contents_and_config(tiny_model_dir, config):
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--version", "2.0",
+                     "--batch-size", "4", "--max-batch-delay", "25", "--workers", "3") == 0
+    mar = config.parent / "store" / "tiny.mar"
+    with zipfile.ZipFile(mar) as archive:
+        names = set(archive.namelist())
+        model_config = yaml.safe_load(archive.read("model-config.yaml"))
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+    assert {"ts_handler.py", "handler/engine.py", "handler/ts_handler.py", "model/model.safetensors",
+            "model/tokenizer.json", "model/config.json", "model/modules.json", "model/1_Pooling/config.json"} <= names
+    assert not any("__pycache__" in n for n in names)
+    assert manifest["model"]["handler"] == "ts_handler.py"
+    assert pickled_members(mar) == []
+
+    # config.properties and model-config.yaml agree; the other models and lines are kept.
+    assert (model_config["batchSize"], model_config["maxBatchDelay"], model_config["minWorkers"]) == (4, 25, 3)
+    assert model_config["handler"]["normalize"] is True
+    models = models_of(config)
+    entry = models["tiny"]["2.0"]
+    assert entry["marName"] == "tiny.mar" and entry["defaultVersion"] is True
+    assert (entry["batchSize"], entry["maxBatchDelay"], entry["minWorkers"], entry["maxWorkers"]) == (4, 25, 3, 3)
+    assert "minilm" in models
+    properties = read_properties(config)
+    assert properties["load_models"] == "minilm.mar,tiny.mar"
+    assert int(properties["job_queue_size"]) >= 32 * 2 * 8
+    assert properties["inference_address"] == "http://127.0.0.1:8080"
+    assert "# Token authorization stays on" in config.read_text()
+
+
+def test_rebuilding_a_version_replaces_it(tiny_model_dir, config):
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--batch-size", "4") == 0
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--batch-size", "9") == 0
+    assert models_of(config)["tiny"]["1.0"]["batchSize"] == 9
+
+
+def test_pickled_weights_are_converted_to_safetensors(tmp_path, config):
+    source = make_tiny_model(tmp_path / "bin_model", weights="bin", seed=3)
+    reference = make_tiny_model(tmp_path / "st_model", seed=3)
+    assert (source / "pytorch_model.bin").exists() and not (source / "model.safetensors").exists()
+    assert run_build(config, "--model", str(source), "--name", "converted") == 0
+    mar = config.parent / "store" / "converted.mar"
+    with zipfile.ZipFile(mar) as archive:
+        names = archive.namelist()
+        archive.extractall(tmp_path / "unpacked")
+    assert "model/model.safetensors" in names
+    assert not any(n.endswith(".bin") for n in names)
+    texts = {"input": ["the cat sat", "hello world"]}
+    converted = make_engine(tmp_path / "unpacked" / "model").handle([_raw(texts)])[0]
+    original = make_engine(reference).handle([_raw(texts)])[0]
+    assert json.loads(converted.body)["data"] == json.loads(original.body)["data"]
+
+
+def _raw(body):
+    from handler.engine import RawRequest
+
+    return RawRequest(body)
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_checkpoint_with_arbitrary_objects_is_refused(tmp_path, config, capsys):
+    source = make_tiny_model(tmp_path / "evil", weights="bin")
+    torch.save({"weight": torch.zeros(2), "payload": Evil()}, source / "pytorch_model.bin")
+    assert run_build(config, "--model", str(source), "--name", "evil") == 1
+    captured = capsys.readouterr()
+    assert "cannot convert pytorch_model.bin safely" in captured.err
+    assert "this must never run" not in captured.out
+    assert not (config.parent / "store" / "evil.mar").exists()
+    assert "evil" not in models_of(config)
+
+
+def test_module_path_escaping_the_folder_is_refused(tmp_path, config, capsys):
+    source = make_tiny_model(tmp_path / "escape")
+    modules = json.loads((source / "modules.json").read_text())
+    modules[1]["path"] = "../../etc"
+    (source / "modules.json").write_text(json.dumps(modules))
+    assert run_build(config, "--model", str(source), "--name", "escape") == 1
+    assert "escapes the model folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtype", "float64"], "'dtype'"),
+        (["--pooling", "max"], "'pooling'"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--name", "bad name!"], "--name"),
+    ],
+)
+def test_bad_options_fail_the_build_with_their_name(tiny_model_dir, config, capsys, args, message):
+    assert run_build(config, "--model", str(tiny_model_dir), *args) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_missing_folder_is_reported(config, capsys):
+    assert run_build(config, "--model", "./no/such/folder") == 1
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_hub_id_offline_fails_with_a_clear_message(config, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert run_build(config, "--model", "sentence-transformers/all-mpnet-base-v2") == 1
+    err = capsys.readouterr().err
+    assert "could not download 'sentence-transformers/all-mpnet-base-v2'" in err and "--model PATH" in err
+
+
+def test_folder_that_is_not_a_model_is_refused(tmp_path, config, capsys):
+    (tmp_path / "empty").mkdir()
+    assert run_build(config, "--model", str(tmp_path / "empty")) == 1
+    assert "config.json is missing" in capsys.readouterr().err
+
+
+def test_pickle_scanner_finds_pickles_by_name_and_by_content(tmp_path):
+    mar = tmp_path / "x.mar"
+    with zipfile.ZipFile(mar, "w") as archive:
+        archive.writestr("model/model.safetensors", b"\x80\x02 safetensors header may start like this")
+        archive.writestr("model/weights.pt", b"anything")
+        archive.writestr("model/disguised.json", pickle.dumps({"a": 1}, protocol=4))
+        buffer = io.BytesIO()
+        torch.save({"w": torch.zeros(1)}, buffer)
+        archive.writestr("model/zipped.dat", buffer.getvalue())
+        archive.writestr("model/config.json", b"{}")
+    assert sorted(pickled_members(mar)) == ["model/disguised.json", "model/weights.pt", "model/zipped.dat"]
+
+
+def test_default_model_hash_check_detects_tampering(tmp_path):
+    for name in SHA256:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("not the real file")
+    assert sorted(_mismatches(tmp_path)) == sorted(SHA256)

@@ -1,0 +1,131 @@
+"""The engine end to end in-process: tokenize, sub-batch, forward, pool, split, encode."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from handler.engine import RawRequest
+from tests.conftest import make_engine
+
+TEXTS = [
+    "hello world",
+    "the cat sat on the mat",
+    "a",
+    "embedding server batch request token text vector search query document " * 6,  # truncated at 48
+    "Ünïcode: 漢字 日本語 ñ ç ß",
+    "one two three",
+]
+
+
+def embed(engine, body, url_path="", content_type="application/json"):
+    [response] = engine.handle([RawRequest(json.dumps(body).encode(), content_type, url_path)])
+    assert response.status == 200, response.body
+    return json.loads(response.body)
+
+
+def vectors_of(body) -> np.ndarray:
+    return np.array([d["embedding"] for d in body["data"]])
+
+
+def float64_reference(model_dir, texts, max_length=48, pooling="mean", normalize=True):
+    """Each text alone through transformers in float64: no padding, no batching."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float64).eval()
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            ids = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")["input_ids"]
+            hidden = model(input_ids=ids).last_hidden_state[0]
+            row = {"mean": hidden.mean(0), "cls": hidden[0], "last_token": hidden[-1]}[pooling]
+            rows.append(torch.nn.functional.normalize(row, dim=0) if normalize else row)
+    return torch.stack(rows).numpy()
+
+
+def test_matches_float64_reference(tiny_engine, tiny_model_dir):
+    got = vectors_of(embed(tiny_engine, {"input": TEXTS}))
+    want = float64_reference(tiny_model_dir, TEXTS)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_usage_counts_tokens_after_truncation(tiny_engine):
+    body = embed(tiny_engine, {"input": [TEXTS[3], "hello world"]})
+    # 48 (truncated, with [CLS]/[SEP]) + 4 ([CLS] hello world [SEP])
+    assert body["usage"] == {"prompt_tokens": 52, "total_tokens": 52}
+
+
+def test_split_restores_each_request_in_order(tiny_engine, tiny_model_dir):
+    requests = [RawRequest({"input": TEXTS[:2]}), RawRequest({"input": TEXTS[2]}), RawRequest({"input": TEXTS[3:]})]
+    responses = tiny_engine.handle(requests)
+    assert [r.status for r in responses] == [200, 200, 200]
+    got = np.concatenate([vectors_of(json.loads(r.body)) for r in responses])
+    np.testing.assert_allclose(got, float64_reference(tiny_model_dir, TEXTS), atol=2e-5)
+
+
+def test_many_texts_across_sub_batches_equal_one_at_a_time(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=64, max_batch_size=4)
+    texts = [" ".join(["token"] * (i % 37 + 1)) + f" {i}" for i in range(300)]
+    body = embed(engine, {"input": texts})
+    assert [d["index"] for d in body["data"]] == list(range(300))
+    singles = np.concatenate([vectors_of(embed(engine, {"input": t})) for t in texts[:20]])
+    np.testing.assert_allclose(vectors_of(body)[:20], singles, atol=1e-5)
+
+
+def test_bad_requests_fail_alone(tiny_engine, tiny_model_dir):
+    requests = [
+        RawRequest({"input": TEXTS[0]}),
+        RawRequest(b'{"input": [1, 2', "application/json"),
+        RawRequest({"input": []}),
+        RawRequest({"input": TEXTS[1]}, url_path="v1/embeddings"),
+        RawRequest({"input": "x"}, url_path="nope"),
+        RawRequest({"input": "x", "dimensions": 33}),
+    ]
+    responses = tiny_engine.handle(requests)
+    assert [r.status for r in responses] == [200, 400, 400, 200, 404, 400]
+    want = float64_reference(tiny_model_dir, TEXTS[:2])
+    np.testing.assert_allclose(vectors_of(json.loads(responses[0].body))[0], want[0], atol=2e-5)
+    np.testing.assert_allclose(vectors_of(json.loads(responses[3].body))[0], want[1], atol=2e-5)
+    assert json.loads(responses[5].body)["error"]["param"] == "dimensions"
+    assert all(r.headers["x-batch-size"] == "6" for r in responses)
+
+
+def test_only_bad_requests(tiny_engine):
+    responses = tiny_engine.handle([RawRequest(None), RawRequest(b"{")])
+    assert [r.status for r in responses] == [400, 400]
+
+
+def test_matryoshka_dimensions_are_renormalized(tiny_engine, tiny_model_dir):
+    body = embed(tiny_engine, {"input": TEXTS[:3], "dimensions": 8})
+    got = vectors_of(body)
+    full = float64_reference(tiny_model_dir, TEXTS[:3], normalize=False)[:, :8]
+    np.testing.assert_allclose(got, full / np.linalg.norm(full, axis=1, keepdims=True), atol=2e-5)
+
+
+def test_text_plain_and_base64(tiny_engine, tiny_model_dir):
+    [plain] = tiny_engine.handle([RawRequest("the cat sat on the mat".encode(), "text/plain")])
+    b64 = embed(tiny_engine, {"input": "the cat sat on the mat", "encoding_format": "base64"}, "v1/embeddings")
+    decoded = np.frombuffer(__import__("base64").b64decode(b64["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(vectors_of(json.loads(plain.body))[0], decoded, atol=1e-6)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "last_token"])
+def test_pooling_setting_overrides_the_model_files(tiny_model_dir, pooling):
+    engine = make_engine(tiny_model_dir, pooling=pooling)
+    got = vectors_of(embed(engine, {"input": TEXTS}))
+    np.testing.assert_allclose(got, float64_reference(tiny_model_dir, TEXTS, pooling=pooling), atol=2e-5)
+
+
+def test_normalize_off_and_max_length_setting(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, normalize=False, max_length=8)
+    got = vectors_of(embed(engine, {"input": TEXTS}))
+    want = float64_reference(tiny_model_dir, TEXTS, max_length=8, normalize=False)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert not np.allclose(np.linalg.norm(got, axis=1), 1.0)
+
+
+def test_max_length_beyond_position_embeddings_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="'max_length'"):
+        make_engine(tiny_model_dir, max_length=4096)

@@ -1,0 +1,200 @@
+"""Through the real TorchServe, as users call it. One server per session (see conftest)."""
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+import requests
+
+from tests.conftest import TINY_BATCH_SIZE, make_engine
+from tests.test_engine import TEXTS
+
+pytestmark = pytest.mark.integration
+
+
+def predict(server, body, model="tiny", path="", content_type="application/json", headers=None):
+    url = f"{server.url('inference')}/predictions/{model}" + (f"/1.0/{path}" if path else "")
+    data = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else body
+    return requests.post(url, data=data, timeout=60,
+                         headers={"Content-Type": content_type, **server.auth(), **(headers or {})})
+
+
+def concurrently(calls):
+    """Run the calls at the same moment, so TorchServe batches them together."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call):
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+
+    def embed(texts):
+        from handler.engine import RawRequest
+
+        [response] = engine.handle([RawRequest({"input": list(texts)})])
+        return np.array([d["embedding"] for d in json.loads(response.body)["data"]])
+
+    return embed
+
+
+def vectors(response):
+    assert response.status_code == 200, response.text
+    return np.array([d["embedding"] for d in response.json()["data"]])
+
+
+def test_concurrent_requests_are_batched_and_correct(server, reference):
+    texts = [f"{TEXTS[i % len(TEXTS)]} {i}" for i in range(16)]
+    responses = concurrently([lambda t=t: predict(server, {"input": t}) for t in texts])
+    for text, response in zip(texts, responses):
+        np.testing.assert_allclose(vectors(response)[0], reference([text])[0], atol=1e-5)
+    batch_sizes = [int(r.headers["x-batch-size"]) for r in responses]
+    assert max(batch_sizes) > 1, batch_sizes
+    assert max(batch_sizes) <= TINY_BATCH_SIZE
+
+
+def test_native_response_shape(server, reference):
+    response = predict(server, {"input": TEXTS})
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "tiny"
+    assert [d["index"] for d in body["data"]] == list(range(len(TEXTS)))
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > len(TEXTS)
+    np.testing.assert_allclose(vectors(response), reference(TEXTS), atol=1e-5)
+
+
+def test_text_plain_body(server, reference):
+    response = predict(server, "Ünïcode: 漢字 日本語".encode(), content_type="text/plain; charset=utf-8")
+    np.testing.assert_allclose(vectors(response)[0], reference(["Ünïcode: 漢字 日本語"])[0], atol=1e-5)
+
+
+def test_bad_request_fails_alone_in_its_batch(server, reference):
+    good = [f"good text {i}" for i in range(7)]
+    for _ in range(3):  # retried only if the scheduler split them into separate batches
+        calls = [lambda t=t: predict(server, {"input": [t]}) for t in good]
+        calls.insert(3, lambda: predict(server, b'{"input": ["unterminated'))
+        responses = concurrently(calls)
+        bad = responses.pop(3)
+        if int(bad.headers["x-batch-size"]) > 1:
+            break
+    assert int(bad.headers["x-batch-size"]) > 1, "the bad request never shared a batch"
+    assert bad.status_code == 400
+    error = bad.json()["error"]
+    assert error["param"] == "body" and "not valid JSON" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    for text, response in zip(good, responses):
+        np.testing.assert_allclose(vectors(response)[0], reference([text])[0], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"input": []}, 400, "input"),
+        ({"input": [1, 2]}, 400, "input[0]"),
+        ({"text": "x"}, 400, "input"),
+        ({"input": "x", "dimensions": 999}, 400, "dimensions"),
+    ],
+)
+def test_malformed_requests_get_their_4xx(server, body, status, param):
+    response = predict(server, body)
+    assert response.status_code == status
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["param"] == param
+
+
+def test_unknown_route_is_404(server):
+    response = predict(server, {"input": "x"}, path="v2/whatever")
+    assert response.status_code == 404
+    assert "unknown route" in response.json()["error"]["message"]
+
+
+def test_form_encoded_body_explains_itself(server):
+    url = f"{server.url('inference')}/predictions/tiny"
+    response = requests.post(url, data={"input": "x"}, headers=server.auth(), timeout=30)
+    assert response.status_code == 400
+    assert "Content-Type: application/json" in response.json()["error"]["message"]
+
+
+def openai_client(server, model="tiny"):
+    return openai.OpenAI(base_url=f"{server.url('inference')}/predictions/{model}/1.0/v1",
+                         api_key=server.keys()["inference"], max_retries=0)
+
+
+def test_openai_client(server, reference):
+    client = openai_client(server)
+    result = client.embeddings.create(model="tiny", input=TEXTS[:3])  # the client asks for base64
+    got = np.array([d.embedding for d in result.data])
+    np.testing.assert_allclose(got, reference(TEXTS[:3]), atol=1e-5)
+    assert result.usage.prompt_tokens > 3
+
+    floats = client.embeddings.create(model="tiny", input="hello world", encoding_format="float")
+    np.testing.assert_allclose(floats.data[0].embedding, reference(["hello world"])[0], atol=1e-5)
+
+    short = client.embeddings.create(model="tiny", input=["hello world"], dimensions=8)
+    assert len(short.data[0].embedding) == 8
+    assert np.linalg.norm(short.data[0].embedding) == pytest.approx(1.0, abs=1e-5)
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="tiny", input=[])
+    assert caught.value.status_code == 400
+    assert caught.value.body["param"] == "input"
+
+
+def test_openai_client_with_a_wrong_key_is_refused(server):
+    client = openai.OpenAI(base_url=f"{server.url('inference')}/predictions/tiny/1.0/v1",
+                           api_key="wrong", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.embeddings.create(model="tiny", input=["x"])
+    assert caught.value.status_code == 400  # TorchServe answers 400 for a bad token
+
+
+def test_requests_without_the_key_are_refused(server):
+    inference = requests.post(f"{server.url('inference')}/predictions/tiny", json={"input": "x"}, timeout=30)
+    assert inference.status_code == 400 and "Token Authorization failed" in inference.text
+    management = requests.get(f"{server.url('management')}/models", timeout=30)
+    assert management.status_code == 400 and "Token Authorization failed" in management.text
+
+
+def test_registering_models_is_refused(server):
+    response = requests.post(f"{server.url('management')}/models?url=http://example.com/x.mar",
+                             headers=server.auth("management"), timeout=30)
+    assert response.status_code == 405
+
+
+def describe(server, model):
+    response = requests.get(f"{server.url('management')}/models/{model}", headers=server.auth("management"),
+                            timeout=30)
+    response.raise_for_status()
+    return response.json()[0]
+
+
+def test_management_api_scales_workers(server, reference):
+    assert len(describe(server, "tiny")["workers"]) == 1
+    url = f"{server.url('management')}/models/tiny"
+    try:
+        response = requests.put(f"{url}?min_worker=2&synchronous=true", headers=server.auth("management"),
+                                timeout=300)
+        assert response.status_code == 200, response.text
+        workers = describe(server, "tiny")["workers"]
+        assert len(workers) == 2 and all(w["status"] == "READY" for w in workers)
+        responses = concurrently([lambda: predict(server, {"input": "hello world"}) for _ in range(8)])
+        for response in responses:
+            np.testing.assert_allclose(vectors(response)[0], reference(["hello world"])[0], atol=1e-5)
+    finally:
+        requests.put(f"{url}?min_worker=1&max_worker=1&synchronous=true", headers=server.auth("management"),
+                     timeout=300)
+    assert len(describe(server, "tiny")["workers"]) == 1
+
+
+def test_prometheus_metrics_are_exposed(server):
+    predict(server, {"input": "count me"})
+    text = requests.get(f"{server.url('metrics')}/metrics", timeout=30).text
+    assert 'ts_inference_requests_total{model_name="tiny"' in text
