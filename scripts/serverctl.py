@@ -87,10 +87,9 @@ class TorchServe:
         pid_file = self.workdir / ".run" / ".model_server.pid"
         try:
             pid = int(pid_file.read_text().strip())
-            os.kill(pid, 0)
-            return pid
         except (OSError, ValueError):
             return None
+        return pid if _alive(pid) else None
 
     def wait_ready(self, timeout: float = 600.0, progress: bool = False) -> None:
         """Return once every configured model answers a real embedding request."""
@@ -135,7 +134,8 @@ class TorchServe:
         subprocess.run([_torchserve(), "--stop"], cwd=self.workdir, env=self.env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while self.pid() is not None:
+        # `--stop` removes the pid file at once; wait for the process itself to exit.
+        while _alive(pid):
             if time.monotonic() > deadline:
                 raise ServerError(f"TorchServe (pid {pid}) did not stop within {timeout:.0f} s")
             time.sleep(0.2)
@@ -152,6 +152,20 @@ class TorchServe:
         if only_errors:
             text = [line for line in text if "Error" in line or "error" in line or "Traceback" in line] or text
         return "\n".join(text[-lines:])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A child that exited but was not yet reaped is a zombie: gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
 
 
 def _default_version(versions: dict) -> str:

@@ -1,0 +1,43 @@
+# The two commands of the quickstart: `make serve` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MAR := model_store/minilm.mar
+
+.PHONY: serve stop test mar clean help
+
+help:
+	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
+	@echo "make stop   - stop TorchServe"
+	@echo "make test   - install the test extras and run the whole suite"
+	@echo "make mar    - (re)build the default model archive"
+	@echo "make clean  - remove the virtual environment, archives and logs"
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" test
+	@touch $@
+
+$(MAR): $(VENV)/.installed $(wildcard handler/*.py) $(wildcard archive/*.py) archive/model-config.yaml
+	./build_mar.sh
+
+mar: $(VENV)/.installed
+	./build_mar.sh
+
+serve: $(VENV)/.installed $(MAR)
+	@bash scripts/require_java.sh
+	@$(PY) -m scripts.serverctl start
+
+stop:
+	@if [[ -x $(PY) ]]; then $(PY) -m scripts.serverctl stop; else echo "nothing to stop"; fi
+
+test: $(VENV)/.installed-test
+	@bash scripts/require_java.sh
+	$(PY) -m pytest
+
+clean: stop
+	rm -rf $(VENV) model_store logs .run key_file.json *.egg-info

@@ -1,0 +1,65 @@
+"""Start-up and shutdown of a dedicated TorchServe: clean stop, and a broken model reported."""
+
+import shutil
+import socket
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from archive.build import REPO as BUILD_REPO
+from archive.build import run_archiver, parse_args
+from archive.stage import stage_model
+from archive.ts_config import register_model
+from scripts.serverctl import ServerError, TorchServe
+from tests.conftest import build, make_server_config
+
+pytestmark = pytest.mark.integration
+
+
+def port_is_free(url):
+    parts = urlsplit(url)
+    with socket.socket() as s:
+        return s.connect_ex((parts.hostname, parts.port)) != 0
+
+
+def test_server_starts_embeds_and_stops_cleanly(tmp_path, tiny_model_dir):
+    config = make_server_config(tmp_path)
+    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1")
+    server = TorchServe(config, tmp_path)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+        pid = server.pid()
+        assert pid is not None
+    finally:
+        server.stop()
+    assert server.pid() is None
+    for api in ("inference", "management", "metrics"):
+        assert port_is_free(server.url(api)), f"{api} port still open after stop"
+    assert "model tiny ready" in (tmp_path / "logs" / "model_log.log").read_text()
+
+
+def test_a_model_that_cannot_load_is_reported_not_waited_for(tmp_path, tiny_model_dir):
+    """A bad handler setting kills the worker at start-up; the readiness check says why."""
+    config = make_server_config(tmp_path)
+    stage = tmp_path / "stage"
+    stage_model(tiny_model_dir, stage / "model")
+    shutil.copytree(BUILD_REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__"))
+    model_config = tmp_path / "model-config.yaml"
+    model_config.write_text(yaml.safe_dump({"minWorkers": 1, "maxWorkers": 1, "handler": {"dtype": "float64"}}))
+    args = parse_args(["--name", "broken", "--export-path", str(tmp_path / "model_store")])
+    run_archiver(args, stage, model_config)
+    register_model(config, "broken", "1.0", {"defaultVersion": True, "marName": "broken.mar", "minWorkers": 1,
+                                            "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 5,
+                                            "responseTimeout": 60, "startupTimeout": 60})
+    server = TorchServe(config, tmp_path)
+    server.start()
+    try:
+        with pytest.raises(ServerError) as caught:
+            server.wait_ready(timeout=240)
+    finally:
+        server.stop()
+    message = str(caught.value)
+    assert "died" in message
+    assert "handler setting 'dtype'" in message
