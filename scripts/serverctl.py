@@ -205,6 +205,7 @@ TorchServe is up; model '{name}' answers real embeddings.
     -H 'Content-Type: application/json' \\
     -d '{{"input": ["The quick brown fox", "Embeddings in one call"]}}'
 
+  # with the OpenAI client (pip install openai):
   python - <<'EOF'
 from openai import OpenAI
 client = OpenAI(base_url="{base}/predictions/{name}/{version}/v1", api_key="{key}")
