@@ -49,9 +49,7 @@ class EmbeddingHandler:
             encoder.pooling, encoder.max_length, encoder.dimension, time.perf_counter() - started,
         )
 
-    def handle(self, data: list[dict[str, Any]] | None, context: Context) -> list[bytes] | None:
-        if data is None:  # TorchServe's function-style initialization call; nothing to answer
-            return None
+    def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
         responses = self.engine.handle(raw)
         for idx, response in enumerate(responses):
