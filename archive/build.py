@@ -22,8 +22,10 @@ from pathlib import Path
 
 import yaml
 
+from archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
 from archive.default_model import NAME as DEFAULT_NAME
 from archive.default_model import fetch_default_model
+from archive.digest import sha256_files
 from archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from archive.ts_config import register_model
 
@@ -84,7 +86,7 @@ def build(args: argparse.Namespace) -> Path:
         stage = Path(tmp) / "stage"
         stage_model(source, stage / "model")
         shutil.copytree(REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        config = render_model_config(args, workers)
+        config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         if not args.skip_check:
@@ -147,7 +149,18 @@ def _default_workers() -> int:
     return 1 if torch.cuda.is_available() else min(2, os.cpu_count() or 1)
 
 
-def render_model_config(args: argparse.Namespace, workers: int) -> dict:
+def _model_id(args: argparse.Namespace) -> str:
+    if args.model is None:
+        return DEFAULT_MODEL_ID
+    return args.model if not Path(args.model).expanduser().exists() else Path(args.model).resolve().name
+
+
+def weights_revision(model_dir: Path) -> str:
+    """A content hash of the weights, so /info tells exactly which weights are served."""
+    return "sha256:" + sha256_files(sorted(model_dir.glob("*.safetensors")))[:16]
+
+
+def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:
     from handler.settings import Settings
 
     config = yaml.safe_load(TEMPLATE.read_text())
@@ -155,20 +168,21 @@ def render_model_config(args: argparse.Namespace, workers: int) -> dict:
                   maxBatchDelay=args.max_batch_delay, responseTimeout=args.response_timeout,
                   startupTimeout=args.startup_timeout)
     config["handler"].update(device=args.device, dtype=args.dtype, pooling=args.pooling,
-                             normalize=not args.no_normalize, max_length=args.max_length)
+                             normalize=not args.no_normalize, max_length=args.max_length,
+                             model_id=model_id, revision=revision)
     Settings.from_mapping(config["handler"])  # fail the build, not the worker, on a bad option
     return config
 
 
 def check_embeds(model_dir: Path, handler_section: dict) -> None:
     """Load the staged model as a worker would (on CPU) and embed one text."""
-    from handler.encoder import Encoder, resolve_placement
+    from handler.encoder import resolve_placement
     from handler.engine import EmbeddingEngine
     from handler.settings import Settings
 
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": "float32", "cpu_threads": 1})
     placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
-    EmbeddingEngine(Encoder(model_dir, settings, placement), model_name="check").warmup()
+    EmbeddingEngine.load(model_dir, settings, placement, model_name="check").warmup()
 
 
 def run_archiver(args: argparse.Namespace, stage: Path, config_file: Path) -> Path:

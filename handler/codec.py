@@ -1,11 +1,14 @@
-"""Request codec: turn one raw request into an EmbeddingRequest, and embeddings into a response body.
+"""Request codec: one raw request in, a validated EmbeddingRequest out; results in, wire bytes out.
 
-Plain Python + numpy, no torch and no TorchServe, so every shape is unit-testable.
+Plain Python + numpy, no torch and no TorchServe, so every shape is unit-testable. What needs
+the model (dimension, vocabulary, prompts, token counts) is checked by the engine.
 
-Routes (the path after `/predictions/<model>/<version>/`, which TorchServe passes as the
-`url_path` request header):
-  ""               native: {"input": str | [str, ...]} as JSON, or a text/plain body (one text)
+Routes, by the path after `/predictions/<model>/<version>/` (TorchServe's `url_path` header):
+  ""               native: {"input": ...} JSON or a text/plain body; TEI's {"inputs": ...} too
   "v1/embeddings"  OpenAI embeddings API
+  "embed"          TEI /embed
+  "tokenize"       TEI /tokenize
+  "info"           TEI /info (any method, any body)
 
 Body decoding: a `text/*` content type means the whole body is one text; anything else is
 parsed as JSON. Unknown JSON fields (OpenAI's `user`, say) are accepted and ignored.
@@ -15,29 +18,54 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Sequence
+from typing import Any, Union
 
 import numpy as np
 
-from handler.errors import RequestError, invalid, not_found
+from handler.errors import RequestError, empty, malformed, not_found
+from handler.quantize import OUTPUT_DTYPES
 
 ENCODING_FORMATS = ("float", "base64")
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+# One input: a text, or pre-tokenized ids (OpenAI's token-array input).
+Input = Union[str, tuple[int, ...]]
 
 
 class Route(Enum):
     NATIVE = ""
     OPENAI = "v1/embeddings"
+    TEI_EMBED = "embed"
+    TEI_TOKENIZE = "tokenize"
+    TEI_INFO = "info"
+
+    @property
+    def tei(self) -> bool:
+        return self in (Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO)
+
+
+@dataclass(frozen=True)
+class Options:
+    # None means the server's setting.
+    normalize: bool | None = None
+    truncate: bool | None = None
+    truncation_direction: str = "right"
+    prompt_name: str | None = None
+    dimensions: int | None = None  # Matryoshka truncation
+    output_dtype: str = "float"
+    encoding_format: str = "float"
+    add_special_tokens: bool = True  # /tokenize only
 
 
 @dataclass(frozen=True)
 class EmbeddingRequest:
     route: Route
-    texts: tuple[str, ...]
-    encoding_format: str = "float"
-    # Matryoshka truncation; None keeps the model's full dimension.
-    dimensions: int | None = None
+    inputs: tuple[Input, ...] = ()
+    options: Options = field(default_factory=Options)
+    # The JSON field the inputs came from, to name it in errors ("input" or "inputs").
+    field: str = "input"
 
 
 def parse_route(url_path: str | None) -> Route:
@@ -45,25 +73,31 @@ def parse_route(url_path: str | None) -> Route:
     for route in Route:
         if route.value == path:
             return route
-    raise not_found(f"unknown route '{path}'; known: '' (native), 'v1/embeddings' (OpenAI)")
+    known = ", ".join(f"'{r.value}'" for r in Route)
+    raise not_found(f"unknown route '{path}' after /predictions/<model>/<version>/; known: {known}")
 
 
 def parse_request(body: Any, content_type: str | None, url_path: str | None) -> EmbeddingRequest:
-    """Decode and validate one request; raise RequestError naming the faulty field."""
+    """Decode and validate one request's shape; raise RequestError naming the faulty field."""
     route = parse_route(url_path)
-    payload = decode_body(body, content_type)
-    if isinstance(payload, str):
-        return EmbeddingRequest(route, (_check_text(payload, "body"),))
-    if not isinstance(payload, dict):
-        raise invalid("request body must be a JSON object with an 'input' field", param="body")
-    if "input" not in payload:
-        raise invalid("missing required field 'input' (a string or a list of strings)", param="input")
-    return EmbeddingRequest(
-        route=route,
-        texts=_parse_input(payload["input"]),
-        encoding_format=_parse_encoding_format(payload.get("encoding_format")),
-        dimensions=_parse_dimensions(payload.get("dimensions")),
-    )
+    try:
+        if route is Route.TEI_INFO:
+            return EmbeddingRequest(route)
+        payload = decode_body(body, content_type)
+        if isinstance(payload, str):
+            return EmbeddingRequest(route, (_check_text(payload, "body"),), field="body")
+        if not isinstance(payload, dict):
+            raise malformed("request body must be a JSON object", param="body")
+        if route is Route.NATIVE and "input" not in payload and "inputs" in payload:
+            route = Route.TEI_EMBED  # Hugging Face clients post TEI bodies to the bare model URL
+        name = "inputs" if route.tei else "input"
+        if name not in payload:
+            raise malformed(f"missing required field '{name}'", param=name)
+        inputs = _parse_inputs(payload[name], name, allow_token_ids=not route.tei)
+        return EmbeddingRequest(route, inputs, _parse_options(payload), field=name)
+    except RequestError as err:
+        err.tei = route.tei
+        raise
 
 
 def decode_body(body: Any, content_type: str | None) -> Any:
@@ -71,68 +105,119 @@ def decode_body(body: Any, content_type: str | None) -> Any:
     if body is None:
         # TorchServe turns a form-encoded body (curl -d without a content type) into form
         # fields, leaving no body; say how to send it instead.
-        raise invalid(
+        raise malformed(
             "request body is empty or form-encoded; send JSON with 'Content-Type: application/json', "
             "or one text with 'Content-Type: text/plain'",
             param="body",
         )
     if isinstance(body, (dict, list)):  # TorchServe already parsed the JSON
         return body
-    is_text = (content_type or "").lower().startswith("text/")
     if isinstance(body, (bytes, bytearray)):
         try:
             body = bytes(body).decode("utf-8")
         except UnicodeDecodeError as err:
-            raise invalid(f"request body is not valid UTF-8 (byte {err.start})", param="body") from None
+            raise malformed(f"request body is not valid UTF-8 (byte {err.start})", param="body") from None
     if not isinstance(body, str):
-        raise invalid("request body has an unsupported type", param="body")
-    if is_text:
+        raise malformed("request body has an unsupported type", param="body")
+    if (content_type or "").lower().startswith("text/"):
         return body
     try:
         return json.loads(body)
     except json.JSONDecodeError as err:
-        raise invalid(
+        raise malformed(
             f"request body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); "
             "send application/json, or text/plain for a single text",
             param="body",
         ) from None
+    except RecursionError:
+        raise malformed("request body is nested too deeply", param="body") from None
 
 
-def _parse_input(value: Any) -> tuple[str, ...]:
+def _parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ...]:
+    kinds = "a string or a list of strings" + (", or token ids" if allow_token_ids else "")
     if isinstance(value, str):
-        return (_check_text(value, "input"),)
+        return (_check_text(value, name),)
     if not isinstance(value, list):
-        raise invalid(f"'input' must be a string or a list of strings, got {_json_type(value)}", param="input")
+        raise malformed(f"'{name}' must be {kinds}, got {_json_type(value)}", param=name)
     if not value:
-        raise invalid("'input' must not be an empty list", param="input")
+        raise empty(f"'{name}' must not be an empty list", param=name)
+    if allow_token_ids and _is_int(value[0]):  # one pre-tokenized input: [101, 2023, ...]
+        return (_check_ids(value, name),)
+    parsed: list[Input] = []
     for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise invalid(f"'input[{i}]' must be a string, got {_json_type(item)}", param=f"input[{i}]")
-        _check_text(item, f"input[{i}]")
-    return tuple(value)
+        param = f"{name}[{i}]"
+        if isinstance(item, str):
+            parsed.append(_check_text(item, param))
+        elif allow_token_ids and isinstance(item, list):
+            parsed.append(_check_ids(item, param))
+        else:
+            expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
+            raise malformed(f"'{param}' must be {expected}, got {_json_type(item)}", param=param)
+    return tuple(parsed)
 
 
 def _check_text(text: str, param: str) -> str:
     if not text:
-        raise invalid(f"'{param}' must not be an empty string", param=param)
+        raise empty(f"'{param}' must not be an empty string", param=param)
     return text
 
 
-def _parse_encoding_format(value: Any) -> str:
-    if value is None:
-        return "float"
-    if value not in ENCODING_FORMATS:
-        raise invalid(f"'encoding_format' must be one of {', '.join(ENCODING_FORMATS)}, got {value!r}",
-                      param="encoding_format")
+def _check_ids(ids: list, param: str) -> tuple[int, ...]:
+    if not ids:
+        raise empty(f"'{param}' must not be an empty list of token ids", param=param)
+    for j, token in enumerate(ids):
+        if not _is_int(token) or token < 0:
+            raise malformed(f"'{param}[{j}]' must be a non-negative integer token id, got {token!r}",
+                            param=f"{param}[{j}]")
+    return tuple(ids)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_options(payload: dict[str, Any]) -> Options:
+    return Options(
+        normalize=_optional_bool(payload, "normalize"),
+        truncate=_optional_bool(payload, "truncate"),
+        truncation_direction=_choice(payload, "truncation_direction", TRUNCATION_DIRECTIONS, lower=True),
+        prompt_name=_optional_str(payload, "prompt_name"),
+        dimensions=_optional_positive_int(payload, "dimensions"),
+        output_dtype=_choice(payload, "output_dtype", OUTPUT_DTYPES),
+        encoding_format=_choice(payload, "encoding_format", ENCODING_FORMATS),
+        add_special_tokens=_optional_bool(payload, "add_special_tokens") is not False,
+    )
+
+
+def _optional_bool(payload: dict, key: str) -> bool | None:
+    value = payload.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise malformed(f"'{key}' must be true or false, got {_json_type(value)}", param=key)
     return value
 
 
-def _parse_dimensions(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise invalid(f"'dimensions' must be a positive integer, got {value!r}", param="dimensions")
+def _optional_str(payload: dict, key: str) -> str | None:
+    value = payload.get(key)
+    if value is not None and not isinstance(value, str):
+        raise malformed(f"'{key}' must be a string, got {_json_type(value)}", param=key)
     return value
+
+
+def _optional_positive_int(payload: dict, key: str) -> int | None:
+    value = payload.get(key)
+    if value is not None and (not _is_int(value) or value < 1):
+        raise malformed(f"'{key}' must be a positive integer, got {value!r}", param=key)
+    return value
+
+
+def _choice(payload: dict, key: str, choices: tuple[str, ...], lower: bool = False) -> str:
+    value = payload.get(key)
+    if value is None:
+        return choices[0]
+    normalized = value.lower() if lower and isinstance(value, str) else value
+    if normalized not in choices:
+        raise malformed(f"'{key}' must be one of {', '.join(choices)}, got {value!r}", param=key)
+    return normalized
 
 
 def _json_type(value: Any) -> str:
@@ -140,29 +225,40 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
-def encode_embeddings(
-    vectors: np.ndarray, *, model_name: str, prompt_tokens: int, encoding_format: str = "float"
-) -> bytes:
-    """The OpenAI list shape for (n, dim) float32 vectors; native and OpenAI routes share it."""
-    data = [
-        {"object": "embedding", "index": i, "embedding": _encode_vector(row, encoding_format)}
-        for i, row in enumerate(vectors)
-    ]
-    body = {
+# --- responses -------------------------------------------------------------------------------
+
+def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_name: str, prompt_tokens: int) -> bytes:
+    """(n, d) vectors, already in the requested output dtype, in the route's shape."""
+    rows = [_encode_vector(row, request.options.encoding_format) for row in vectors]
+    if request.route.tei:
+        return _dumps(rows)
+    return _dumps({
         "object": "list",
-        "data": data,
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
         "model": model_name,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
-    return json.dumps(body, separators=(",", ":")).encode()
+    })
 
 
-def _encode_vector(row: np.ndarray, encoding_format: str) -> Sequence[float] | str:
+def _encode_vector(row: np.ndarray, encoding_format: str) -> list | str:
     if encoding_format == "base64":
-        # OpenAI's encoding: little-endian float32 bytes, base64.
-        return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+        # OpenAI's encoding for floats: little-endian float32 bytes. Quantized rows are bytes already.
+        data = row.astype("<f4") if row.dtype.kind == "f" else row
+        return base64.b64encode(data.tobytes()).decode("ascii")
     return row.tolist()
 
 
+def encode_tokens(tokens: list[list[dict[str, Any]]]) -> bytes:
+    return _dumps(tokens)
+
+
+def encode_info(info: dict[str, Any]) -> bytes:
+    return _dumps(info)
+
+
 def encode_error(error: RequestError) -> bytes:
-    return json.dumps(error.openai_body(), separators=(",", ":")).encode()
+    return _dumps(error.body())
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,4 +1,4 @@
-"""The encoder: tokenizer and transformer loaded from safetensors, run under inference_mode.
+"""The encoder: a transformer loaded from safetensors, run under inference_mode, and pooled.
 
 `embed` takes token ids in any order and returns pooled float32 vectors in the same order;
 internally it sorts by length and cuts forward passes under a padded-token budget.
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel
 from transformers.utils import logging as transformers_logging
 
 from handler.batching import plan_sub_batches
-from handler.model_files import ModelFilesError, describe_model
+from handler.model_files import ModelFilesError
 from handler.pooling import POOLING_MODES, pool
 from handler.settings import Settings
 
@@ -58,28 +58,27 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
 
 
 class Encoder:
-    def __init__(self, model_dir: str | Path, settings: Settings, placement: Placement):
-        self.model_dir = Path(model_dir)
-        self.settings = settings
-        self.placement = placement
-        if placement.cpu_threads:
-            torch.set_num_threads(placement.cpu_threads)
+    """A transformer encoder plus pooling: token ids in, one float32 vector per input out."""
 
-        description = describe_model(self.model_dir)
-        self.pooling = settings.pooling if settings.pooling != "auto" else (description.pooling or "mean")
-        if self.pooling not in POOLING_MODES:
+    def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: str, pad_id: int,
+                 max_batch_tokens: int, max_batch_size: int):
+        if pooling not in POOLING_MODES:
             raise ModelFilesError(
-                f"the model asks for '{self.pooling}' pooling, which is not supported; "
+                f"the model asks for '{pooling}' pooling, which is not supported; "
                 f"set handler setting 'pooling' to one of {', '.join(POOLING_MODES)}"
             )
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, use_fast=True)
-        if not self.tokenizer.is_fast:
-            raise ModelFilesError(f"{self.model_dir} has no fast tokenizer (tokenizer.json)")
+        self.model_dir = Path(model_dir)
+        self.placement = placement
+        self.pooling = pooling
+        self.pad_id = pad_id
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        if placement.cpu_threads:
+            torch.set_num_threads(placement.cpu_threads)
         self.model = self._load_model()
-        self.max_length = self._resolve_max_length(description.max_seq_length)
         self.dimension = int(self.model.config.hidden_size)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # None when the architecture has no absolute positions (rotary models).
+        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
 
     def _load_model(self) -> torch.nn.Module:
         kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)
@@ -90,38 +89,12 @@ class Encoder:
             model = AutoModel.from_pretrained(self.model_dir, **kwargs)
         return model.to(self.placement.device).eval()
 
-    def _resolve_max_length(self, st_max_length: int | None) -> int:
-        positions = getattr(self.model.config, "max_position_embeddings", None) or 10**9
-        if self.settings.max_length:
-            if self.settings.max_length > positions:
-                raise ValueError(
-                    f"handler setting 'max_length': {self.settings.max_length} exceeds the model's "
-                    f"{positions} position embeddings"
-                )
-            return self.settings.max_length
-        tokenizer_limit = self.tokenizer.model_max_length
-        if not tokenizer_limit or tokenizer_limit > 10**6:  # transformers' "no limit" sentinel
-            tokenizer_limit = positions
-        return min(st_max_length or tokenizer_limit, tokenizer_limit, positions)
-
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        encoded = self.tokenizer(
-            list(texts),
-            truncation=True,
-            max_length=self.max_length,
-            padding=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-        )
-        return encoded["input_ids"]
-
     def embed(self, token_ids: Sequence[Sequence[int]]) -> torch.Tensor:
         """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order."""
         lengths = [len(ids) for ids in token_ids]
         out = torch.empty((len(token_ids), self.dimension), dtype=torch.float32)
-        plan = plan_sub_batches(lengths, self.settings.max_batch_tokens, self.settings.max_batch_size)
         with torch.inference_mode():
-            for indices in plan:
+            for indices in plan_sub_batches(lengths, self.max_batch_tokens, self.max_batch_size):
                 ids, mask = self._pad([token_ids[i] for i in indices])
                 hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)
                 out[indices] = pool(hidden, mask, self.pooling).cpu()
@@ -139,3 +112,17 @@ class Encoder:
             mask[i, : len(row)] = 1
         device = self.placement.device
         return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+
+
+def resolve_max_length(setting: int, st_max_seq_length: int | None, tokenizer_limit: int | None,
+                       max_positions: int | None) -> int:
+    """The token limit per input: the setting, else sentence-transformers', else the tokenizer's,
+    never beyond the position embeddings."""
+    positions = max_positions or 10**9
+    if setting:
+        if setting > positions:
+            raise ValueError(f"handler setting 'max_length': {setting} exceeds the model's {positions} positions")
+        return setting
+    if not tokenizer_limit or tokenizer_limit > 10**6:  # transformers' "no limit" sentinel
+        tokenizer_limit = positions
+    return min(st_max_seq_length or tokenizer_limit, tokenizer_limit, positions)

@@ -1,9 +1,9 @@
 """The embedding engine: a batch of raw requests in, one response per request out.
 
 Server-agnostic: TorchServe's adapter (ts_handler.py) only moves bytes and statuses in and out.
-Every text of every valid request is flattened into one item list, embedded together, and
-split back by span; a request that fails validation gets its own error response and takes no
-part in the forward pass, so it never fails its batch-mates.
+Each request is parsed, checked against the model and its limits, and tokenized on its own, so
+a bad one becomes its own error response and takes no part in the forward pass. The inputs of
+all good requests are embedded together and split back by span.
 """
 
 from __future__ import annotations
@@ -11,15 +11,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from handler.batching import flatten
-from handler.codec import EmbeddingRequest, encode_embeddings, encode_error, parse_request
-from handler.encoder import Encoder
-from handler.errors import RequestError, invalid
+from handler.codec import (
+    ENCODING_FORMATS, EmbeddingRequest, Route, encode_embeddings, encode_error, encode_info, encode_tokens,
+    parse_request,
+)
+from handler.encoder import Encoder, Placement, resolve_max_length
+from handler.errors import RequestError, too_large, unprocessable
+from handler.model_files import describe_model
 from handler.pooling import l2_normalize
+from handler.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
+from handler.settings import Settings
+from handler.tokenization import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -40,62 +48,190 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A valid embedding request, tokenized: model input ids per input."""
+    request: EmbeddingRequest
+    ids: list[list[int]]
+    normalize: bool
+
+
 class EmbeddingEngine:
-    def __init__(self, encoder: Encoder, model_name: str):
+    def __init__(self, tokenizer: TextTokenizer, encoder: Encoder, settings: Settings, *, model_name: str,
+                 max_length: int, prompts: dict[str, str], default_prompt: str):
+        self.tokenizer = tokenizer
         self.encoder = encoder
+        self.settings = settings
         self.model_name = model_name
+        self.max_length = max_length
+        self.prompts = prompts
+        self.default_prompt = default_prompt
+
+    @classmethod
+    def load(cls, model_dir: str | Path, settings: Settings, placement: Placement, model_name: str) -> "EmbeddingEngine":
+        description = describe_model(model_dir)
+        tokenizer = TextTokenizer(model_dir)
+        encoder = Encoder(
+            model_dir, placement,
+            pooling=settings.pooling if settings.pooling != "auto" else (description.pooling or "mean"),
+            pad_id=tokenizer.pad_id,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_size=settings.max_batch_size,
+        )
+        max_length = resolve_max_length(settings.max_length, description.max_seq_length,
+                                         tokenizer.model_max_length, encoder.max_positions)
+        default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
+        return cls(tokenizer, encoder, settings, model_name=model_name, max_length=max_length,
+                   prompts=description.prompts, default_prompt=default_prompt)
 
     def warmup(self) -> None:
-        vectors = self.encoder.embed(self.encoder.tokenize([WARMUP_TEXT]))
-        if not torch.isfinite(vectors).all():
+        ids = [self.tokenizer.assemble(self.tokenizer.body_ids([WARMUP_TEXT])[0], self.max_length, "right").ids]
+        if not torch.isfinite(self.encoder.embed(ids)).all():
             raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
+
+    def info(self) -> dict[str, Any]:
+        placement = self.encoder.placement
+        return {
+            "model_id": self.settings.model_id or self.model_name,
+            "revision": self.settings.revision or None,
+            "served_model_name": self.model_name,
+            "model_type": "embedding",
+            "model_dtype": str(placement.dtype).removeprefix("torch."),
+            "device": str(placement.device),
+            "embedding_dimension": self.encoder.dimension,
+            "max_input_length": self.max_length,
+            "pooling": self.encoder.pooling,
+            "normalize": self.settings.normalize,
+            "auto_truncate": self.settings.truncate,
+            "prompts": self.prompts,
+            "default_prompt": self.default_prompt,
+            "max_client_batch_size": self.settings.max_inputs_per_request,
+            "max_input_chars": self.settings.max_input_chars,
+            "max_tokens_per_request": self.settings.max_tokens_per_request,
+            "max_batch_tokens": self.settings.max_batch_tokens,
+            "max_batch_size": self.settings.max_batch_size,
+            "output_dtypes": list(OUTPUT_DTYPES),
+            "encoding_formats": list(ENCODING_FORMATS),
+        }
 
     def handle(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
         started = time.perf_counter()
-        outcomes: list[EmbeddingRequest | RequestError] = [self._parse(raw) for raw in raw_requests]
-        valid = [i for i, o in enumerate(outcomes) if isinstance(o, EmbeddingRequest)]
+        bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
+        jobs: dict[int, _Job] = {}
+        for index, raw in enumerate(raw_requests):
+            try:
+                request = parse_request(raw.body, raw.content_type, raw.url_path)
+                if request.route is Route.TEI_INFO:
+                    bodies[index] = (200, encode_info(self.info()))
+                elif request.route is Route.TEI_TOKENIZE:
+                    bodies[index] = (200, self._tokenize(request))
+                else:
+                    jobs[index] = self._prepare(request)
+            except RequestError as err:
+                bodies[index] = (err.http_status, encode_error(err))
 
-        texts, spans = flatten([outcomes[i].texts for i in valid])
-        token_ids = self.encoder.tokenize(texts) if texts else []
-        vectors = self.encoder.embed(token_ids) if texts else None
+        ids, spans = flatten([job.ids for job in jobs.values()])
+        vectors = self.encoder.embed(ids) if ids else None
+        for (index, job), span in zip(jobs.items(), spans):
+            bodies[index] = (200, self._encode(job, vectors[span]))
 
-        responses: list[Response | None] = [None] * len(raw_requests)
         headers = {"x-batch-size": str(len(raw_requests))}
-        for i, span in zip(valid, spans):
-            request = outcomes[i]
-            body = encode_embeddings(
-                self._finish(vectors[span], request).numpy(),
-                model_name=self.model_name,
-                prompt_tokens=sum(len(ids) for ids in token_ids[span]),
-                encoding_format=request.encoding_format,
-            )
-            responses[i] = Response(200, body, headers)
-        for i, outcome in enumerate(outcomes):
-            if isinstance(outcome, RequestError):
-                responses[i] = Response(outcome.status, encode_error(outcome), headers)
-
-        elapsed_ms = (time.perf_counter() - started) * 1000
         # Counts only: request text never reaches the logs.
-        log.debug("batch: %d requests, %d texts, %.1f ms", len(raw_requests), len(texts), elapsed_ms)
-        return responses
+        log.debug("batch: %d requests, %d inputs, %.1f ms", len(raw_requests), len(ids),
+                  (time.perf_counter() - started) * 1000)
+        return [Response(status, body, headers) for status, body in bodies]
 
-    def _parse(self, raw: RawRequest) -> EmbeddingRequest | RequestError:
+    def _prepare(self, request: EmbeddingRequest) -> _Job:
         try:
-            request = parse_request(raw.body, raw.content_type, raw.url_path)
+            options = request.options
+            normalize = self.settings.normalize if options.normalize is None else options.normalize
+            self._check_limits(request)
+            self._check_options(request, normalize)
+            prompt = self._prompt(options.prompt_name)
+            bodies = self._bodies(request, prompt)
+            truncate = self.settings.truncate if options.truncate is None else options.truncate
+            tokenized = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction)
+                         for body in bodies]
+            for i, item in enumerate(tokenized):
+                if not truncate and item.full_length > self.max_length:
+                    raise too_large(
+                        f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
+                        "and truncation is off (send \"truncate\": true to cut it)",
+                        param=f"{request.field}[{i}]")
+            total = sum(len(item.ids) for item in tokenized)
+            if total > self.settings.max_tokens_per_request:
+                raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
+                                f"{self.settings.max_tokens_per_request}", param=request.field)
+            return _Job(request, [item.ids for item in tokenized], normalize)
         except RequestError as err:
-            return err
-        if request.dimensions is not None and request.dimensions > self.encoder.dimension:
-            return invalid(
-                f"'dimensions' must be at most the model's dimension {self.encoder.dimension}, "
-                f"got {request.dimensions}",
-                param="dimensions",
-            )
-        return request
+            err.tei = request.route.tei
+            raise
 
-    def _finish(self, vectors: torch.Tensor, request: EmbeddingRequest) -> torch.Tensor:
+    def _check_limits(self, request: EmbeddingRequest) -> None:
+        """Input count and characters per text, both before any tokenizing."""
+        if len(request.inputs) > self.settings.max_inputs_per_request:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
+                            f"max_inputs_per_request={self.settings.max_inputs_per_request}", param=request.field)
+        limit = self.settings.max_input_chars
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str) and len(item) > limit:
+                raise too_large(f"'{request.field}[{i}]' has {len(item)} characters; the limit is "
+                                f"max_input_chars={limit}", param=f"{request.field}[{i}]")
+
+    def _check_options(self, request: EmbeddingRequest, normalize: bool) -> None:
+        options = request.options
+        if options.dimensions is not None and options.dimensions > self.encoder.dimension:
+            raise unprocessable(f"'dimensions' must be at most the model's dimension {self.encoder.dimension}, "
+                                f"got {options.dimensions}", param="dimensions")
+        if options.output_dtype in SCALAR_DTYPES and not normalize:
+            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] and needs "
+                                "normalized embeddings; drop \"normalize\": false or use float/binary",
+                                param="output_dtype")
+
+    def _prompt(self, name: str | None) -> str:
+        if name is None:
+            return self.default_prompt
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none (the model defines no prompts)"
+            raise unprocessable(f"unknown 'prompt_name' '{name}'; known: {known}", param="prompt_name")
+        return self.prompts[name]
+
+    def _bodies(self, request: EmbeddingRequest, prompt: str) -> list[list[int]]:
+        """Token ids without special tokens for each input, the prompt in front."""
+        texts: dict[int, str] = {}
+        bodies: list[list[int] | None] = []
+        prompt_ids = self.tokenizer.body_ids([prompt])[0] if prompt else []
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str):
+                texts[i] = prompt + item
+                bodies.append(None)
+            else:
+                for j, token in enumerate(item):
+                    if token >= self.tokenizer.vocab_size:
+                        raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
+                                            f"vocabulary of {self.tokenizer.vocab_size}",
+                                            param=f"{request.field}[{i}][{j}]")
+                bodies.append(prompt_ids + list(item))
+        for i, ids in zip(texts, self.tokenizer.body_ids(list(texts.values()))):
+            bodies[i] = ids
+        return bodies
+
+    def _tokenize(self, request: EmbeddingRequest) -> bytes:
+        try:
+            self._check_limits(request)
+            prompt = self._prompt(request.options.prompt_name)
+        except RequestError as err:
+            err.tei = True
+            raise
+        texts = [prompt + text for text in request.inputs]
+        return encode_tokens(self.tokenizer.tokens(texts, request.options.add_special_tokens))
+
+    def _encode(self, job: _Job, vectors: torch.Tensor) -> bytes:
         """Matryoshka truncation first, then normalization, so truncated vectors are unit length."""
-        if request.dimensions is not None:
-            vectors = vectors[:, : request.dimensions]
-        if self.encoder.settings.normalize:
+        options = job.request.options
+        if options.dimensions is not None:
+            vectors = vectors[:, : options.dimensions]
+        if job.normalize:
             vectors = l2_normalize(vectors)
-        return vectors
+        return encode_embeddings(job.request, quantize(vectors.numpy(), options.output_dtype),
+                                 model_name=self.model_name, prompt_tokens=sum(len(ids) for ids in job.ids))

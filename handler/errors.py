@@ -1,4 +1,12 @@
-"""Typed request errors: each carries its HTTP status and renders its own JSON body."""
+"""Typed request errors: each knows its HTTP status and renders itself in the route's error shape.
+
+Statuses, the same on every route except where noted:
+  400  malformed: invalid JSON or UTF-8, wrong types, empty input
+  404  unknown route
+  413  over a size limit: inputs per request, characters per input, tokens
+  422  valid JSON that cannot be processed (unknown prompt, dimensions out of range, token ids
+       outside the vocabulary, ...) on the TEI routes, as TEI answers; 400 on the others
+"""
 
 from __future__ import annotations
 
@@ -8,20 +16,43 @@ from typing import Any
 class RequestError(Exception):
     """The fault of one request. It fails that request alone, never its batch."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str = "invalid_value",
+                 tei_status: int | None = None, tei_type: str = "Validation"):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.tei_status = tei_status or status
+        self.tei_type = tei_type
+        # Set once the route is known: TEI routes answer in TEI's shape and statuses.
+        self.tei = False
 
-    def openai_body(self) -> dict[str, Any]:
+    @property
+    def http_status(self) -> int:
+        return self.tei_status if self.tei else self.status
+
+    def body(self) -> dict[str, Any]:
+        if self.tei:
+            return {"error": self.message, "error_type": self.tei_type}
         kind = "server_error" if self.status >= 500 else "invalid_request_error"
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
-def invalid(message: str, param: str | None = None) -> RequestError:
-    return RequestError(400, message, param=param, code="invalid_value")
+def malformed(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, message, param=param, code="invalid_request")
+
+
+def empty(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, message, param=param, code="empty_input", tei_type="Empty")
+
+
+def unprocessable(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, message, param=param, code="invalid_value", tei_status=422)
+
+
+def too_large(message: str, param: str | None = None) -> RequestError:
+    return RequestError(413, message, param=param, code="too_large")
 
 
 def not_found(message: str) -> RequestError:

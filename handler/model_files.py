@@ -1,14 +1,15 @@
-"""What a model folder says about itself: pooling and max length from sentence-transformers files.
+"""What a model folder says about itself, from its sentence-transformers files.
 
 sentence-transformers describes a model's pipeline in `modules.json`; the Pooling module's folder
-holds `config.json` with the pooling mode, and `sentence_bert_config.json` holds the max
-sequence length it was trained with (often shorter than the tokenizer's limit).
+holds `config.json` with the pooling mode, `sentence_bert_config.json` holds the max sequence
+length it was trained with (often shorter than the tokenizer's limit), and
+`config_sentence_transformers.json` holds named prompts ("query: ", ...) and the default one.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 POOLING_MODULE = "sentence_transformers.models.Pooling"
@@ -33,13 +34,21 @@ class ModelFilesError(ValueError):
 class ModelDescription:
     pooling: str | None  # None when the folder does not say
     max_seq_length: int | None
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
 
 
 def describe_model(model_dir: str | Path) -> ModelDescription:
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelFilesError(f"{model_dir} has no config.json: not a Hugging Face model folder")
-    return ModelDescription(pooling=_read_pooling(model_dir), max_seq_length=_read_max_seq_length(model_dir))
+    prompts, default_prompt_name = _read_prompts(model_dir)
+    return ModelDescription(
+        pooling=_read_pooling(model_dir),
+        max_seq_length=_read_max_seq_length(model_dir),
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+    )
 
 
 def _read_pooling(model_dir: Path) -> str | None:
@@ -69,3 +78,17 @@ def _read_max_seq_length(model_dir: Path) -> int | None:
         return None
     value = json.loads(config_file.read_text()).get("max_seq_length")
     return int(value) if value else None
+
+
+def _read_prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
+    config_file = model_dir / "config_sentence_transformers.json"
+    if not config_file.is_file():
+        return {}, None
+    config = json.loads(config_file.read_text())
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ModelFilesError(f"{config_file}: 'prompts' must map names to strings")
+    default = config.get("default_prompt_name") or None
+    if default is not None and default not in prompts:
+        raise ModelFilesError(f"{config_file}: default_prompt_name '{default}' is not among the prompts")
+    return dict(prompts), default

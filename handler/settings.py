@@ -45,6 +45,19 @@ class Settings:
     cpu_threads: int = 0
     # Run one embedding in initialize so a READY worker has really embedded.
     warmup: bool = True
+    # Truncate inputs longer than max_length (a request may override it with `truncate`);
+    # when off, a longer input is refused with 413.
+    truncate: bool = True
+    # A prompt prepended to every text whose request names no `prompt_name`; empty means the
+    # model's default prompt (sentence-transformers `default_prompt_name`), if any.
+    prompt: str = ""
+    # Per-request limits, each refused with 413 naming it.
+    max_inputs_per_request: int = 4096
+    max_input_chars: int = 100_000  # checked before tokenizing
+    max_tokens_per_request: int = 1_048_576  # after truncation, prompts included
+    # What /info reports; written by the build.
+    model_id: str = ""
+    revision: str = ""
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> "Settings":
@@ -71,6 +84,9 @@ class Settings:
             raise SettingsError("max_batch_size", "must be >= 1")
         if self.max_batch_tokens < 1:
             raise SettingsError("max_batch_tokens", "must be >= 1")
+        for key in ("max_inputs_per_request", "max_input_chars", "max_tokens_per_request"):
+            if getattr(self, key) < 1:
+                raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:
             raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from ts.context import Context
 
-from handler.encoder import Encoder, resolve_placement
+from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine, RawRequest
 from handler.settings import Settings
 
@@ -38,15 +38,16 @@ class EmbeddingHandler:
             workers=int(config.get("minWorkers") or 1),
             cuda_available=torch.cuda.is_available(),
         )
-        encoder = Encoder(Path(properties["model_dir"]) / settings.model_path, settings, placement)
-        self.engine = EmbeddingEngine(encoder, model_name=context.model_name)
+        model_dir = Path(properties["model_dir"]) / settings.model_path
+        self.engine = EmbeddingEngine.load(model_dir, settings, placement, model_name=context.model_name)
         if settings.warmup:
             self.engine.warmup()
         self.initialized = True
+        info = self.engine.info()
         log.info(
             "model %s ready: device=%s dtype=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
-            context.model_name, placement.device, placement.dtype, placement.cpu_threads,
-            encoder.pooling, encoder.max_length, encoder.dimension, time.perf_counter() - started,
+            context.model_name, info["device"], info["model_dtype"], placement.cpu_threads, info["pooling"],
+            info["max_input_length"], info["embedding_dimension"], time.perf_counter() - started,
         )
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:

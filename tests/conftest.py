@@ -10,7 +10,7 @@ import pytest
 
 from archive.build import main as build_main
 from archive.ts_config import update_properties
-from handler.encoder import Encoder, resolve_placement
+from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine
 from handler.settings import Settings
 from scripts.serverctl import TorchServe
@@ -22,17 +22,18 @@ REPO = Path(__file__).resolve().parent.parent
 # requests share batches.
 TINY_BATCH_SIZE = 8
 TINY_BATCH_DELAY_MS = 150
+PROMPTS = {"query": "query: ", "document": "document: "}
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", prompts=PROMPTS)
 
 
 def make_engine(model_dir: Path, **settings) -> EmbeddingEngine:
     config = Settings.from_mapping({"device": "cpu", "cpu_threads": 1, **settings})
     placement = resolve_placement(config, gpu_id=None, workers=1, cuda_available=False)
-    return EmbeddingEngine(Encoder(model_dir, config, placement), model_name="tiny")
+    return EmbeddingEngine.load(model_dir, config, placement, model_name="tiny")
 
 
 @pytest.fixture(scope="session")

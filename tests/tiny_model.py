@@ -30,6 +30,8 @@ def make_tiny_model(
     weights: str = "safetensors",
     max_seq_length: int = 48,
     seed: int = 0,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
 ) -> Path:
     """Write a tiny BERT (hidden 32, 2 layers) to `path`; `weights` is "safetensors" or "bin"."""
     path.mkdir(parents=True, exist_ok=True)
@@ -61,5 +63,7 @@ def make_tiny_model(
         pooling_config = {"word_embedding_dimension": 32, **{f: f == flags[pooling] for f in flags.values()}}
         (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
         (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+        st_config = {"prompts": prompts or {}, "default_prompt_name": default_prompt_name}
+        (path / "config_sentence_transformers.json").write_text(json.dumps(st_config))
     return path
 

@@ -1,0 +1,76 @@
+"""Tokenization with the model's fast tokenizer: texts or token ids to model input ids.
+
+Texts are tokenized without special tokens, truncated on the requested side to leave room for
+them, and wrapped in the model's special tokens ([CLS] ... [SEP], <s> ... </s>, ...). This gives
+exactly what `tokenizer(text, truncation=True, max_length=...)` gives, for either truncation
+side per request, plus each input's full length for "too long" errors, without mutating any
+shared tokenizer state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer
+
+from handler.model_files import ModelFilesError
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    ids: list[int]  # model input, special tokens included, truncated
+    full_length: int  # the length it would have without truncation
+
+
+class TextTokenizer:
+    def __init__(self, model_dir: str | Path):
+        hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        if not isinstance(backend, Tokenizer):
+            raise ModelFilesError(f"{model_dir} has no fast tokenizer (tokenizer.json)")
+        # A private copy without the file's own truncation and padding: we do both ourselves.
+        self.backend = Tokenizer.from_str(backend.to_str())
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+        self.model_max_length = hf_tokenizer.model_max_length
+        pad_id = hf_tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else 0
+        self.prefix, self.suffix = self._special_tokens_around()
+
+    def _special_tokens_around(self) -> tuple[list[int], list[int]]:
+        """The special ids the post-processor puts before and after one sequence."""
+        body = self.backend.encode("a", add_special_tokens=False)
+        full = self.backend.post_process(body, None, True).ids
+        for start in range(len(full) - len(body.ids) + 1):
+            if full[start : start + len(body.ids)] == body.ids:
+                return full[:start], full[start + len(body.ids) :]
+        raise ModelFilesError("cannot locate the text among the tokenizer's special tokens")
+
+    def body_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without special tokens, nothing truncated."""
+        return [encoding.ids for encoding in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def assemble(self, body: Sequence[int], max_length: int, direction: str) -> Tokenized:
+        """Wrap a body in special tokens, cutting it on `direction` so the result fits max_length."""
+        specials = len(self.prefix) + len(self.suffix)
+        full_length = len(body) + specials
+        room = max(0, max_length - specials)
+        if len(body) > room:
+            body = body[len(body) - room :] if direction == "left" else body[:room]
+        return Tokenized(self.prefix + list(body) + self.suffix, full_length)
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
+        """TEI's /tokenize answer: id, text, special, and character offsets per token."""
+        result = []
+        for encoding in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens):
+            result.append([
+                {"id": token_id, "text": text, "special": bool(special),
+                 "start": None if special else start, "stop": None if special else stop}
+                for token_id, text, special, (start, stop) in zip(
+                    encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets)
+            ])
+        return result
