@@ -1,5 +1,6 @@
 """Through the real TorchServe, as users call it. One server per session (see conftest)."""
 
+import base64
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -98,7 +99,8 @@ def test_bad_request_fails_alone_in_its_batch(server, reference):
     "body, status, param",
     [
         ({"input": []}, 400, "input"),
-        ({"input": [1, 2]}, 400, "input[0]"),
+        ({"input": [[1, "a"]]}, 400, "input[0][1]"),
+        ({"input": [True]}, 400, "input[0]"),
         ({"text": "x"}, 400, "input"),
         ({"input": "x", "dimensions": 999}, 400, "dimensions"),
     ],
@@ -198,3 +200,94 @@ def test_prometheus_metrics_are_exposed(server):
     predict(server, {"input": "count me"})
     text = requests.get(f"{server.url('metrics')}/metrics", timeout=30).text
     assert 'ts_inference_requests_total{model_name="tiny"' in text
+
+
+# --- TEI routes, options and limits through the real server -------------------------------------
+
+def test_tei_body_on_embed_and_on_the_bare_route(server, reference):
+    for path in ("embed", ""):
+        response = predict(server, {"inputs": TEXTS[:3]}, path=path)
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(np.array(response.json()), reference(TEXTS[:3]), atol=1e-5)
+
+
+def test_tei_errors_have_tei_shape_and_422(server):
+    response = predict(server, {"inputs": "x", "prompt_name": "nope"}, path="embed")
+    assert response.status_code == 422
+    assert response.json() == {"error": "unknown 'prompt_name' 'nope'; known: document, query",
+                               "error_type": "Validation"}
+
+
+def test_info_answers_get_and_post(server):
+    url = f"{server.url('inference')}/predictions/tiny/1.0/info"
+    for method in (requests.get, requests.post):
+        response = method(url, headers=server.auth(), timeout=30)
+        assert response.status_code == 200, response.text
+        info = response.json()
+        assert info["served_model_name"] == "tiny" and info["embedding_dimension"] == 32
+        assert info["max_input_length"] == 48 and info["model_id"] == "model"
+        assert info["revision"].startswith("sha256:")
+
+
+def test_tokenize(server):
+    response = predict(server, {"inputs": ["hello world"]}, path="tokenize")
+    assert response.status_code == 200
+    [tokens] = response.json()
+    assert [t["text"] for t in tokens] == ["[CLS]", "hello", "world", "[SEP]"]
+    assert [(t["start"], t["stop"]) for t in tokens[1:3]] == [(0, 5), (6, 11)]
+
+
+def test_openai_client_base64_with_dimensions_and_quantized_output(server, reference):
+    client = openai_client(server)
+    result = client.embeddings.create(model="tiny", input=["hello world", "the cat"], encoding_format="base64",
+                                      dimensions=16)
+    full = reference(["hello world", "the cat"])
+    # The reference is normalized over 32 dimensions; re-normalize its first 16 to compare.
+    want = full[:, :16] / np.linalg.norm(full[:, :16], axis=1, keepdims=True)
+    # Asked for explicitly, base64 comes back as the string OpenAI sends: little-endian float32.
+    decoded = np.array([np.frombuffer(base64.b64decode(d.embedding), "<f4") for d in result.data])
+    np.testing.assert_allclose(decoded, want, atol=1e-5)
+    packed = client.embeddings.create(model="tiny", input=["hello world"], encoding_format="float",
+                                      extra_body={"output_dtype": "ubinary"})
+    assert packed.data[0].embedding == np.packbits(full[0] > 0).tolist()
+
+
+def test_prompt_name_through_the_server(server, reference):
+    response = predict(server, {"input": ["the cat"], "prompt_name": "query"})
+    np.testing.assert_allclose(vectors(response)[0], reference(["query: the cat"])[0], atol=1e-5)
+
+
+def test_sixteen_concurrent_requests_one_bad(server, reference):
+    texts = [f"concurrent text {i}" for i in range(15)]
+    calls = [lambda t=t: predict(server, {"input": t}) for t in texts]
+    calls.insert(7, lambda: predict(server, b'{"input": ["ok", 42]}'))
+    responses = concurrently(calls)
+    bad = responses.pop(7)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[1]"
+    for text, response in zip(texts, responses):
+        np.testing.assert_allclose(vectors(response)[0], reference([text])[0], atol=1e-5)
+
+
+def test_two_thousand_texts_in_one_request(server, reference):
+    texts = [f"{TEXTS[i % len(TEXTS)]} number {i}" for i in range(2000)]
+    response = predict(server, {"input": texts})
+    got = vectors(response)
+    assert got.shape == (2000, 32)
+    assert [d["index"] for d in response.json()["data"]] == list(range(2000))
+    sample = list(range(0, 2000, 111))
+    np.testing.assert_allclose(got[sample], reference([texts[i] for i in sample]), atol=1e-5)
+
+
+def test_invalid_utf8_and_too_long_inputs(server):
+    response = predict(server, b"\xc3\x28 broken", content_type="text/plain")
+    assert response.status_code == 400 and "UTF-8" in response.json()["error"]["message"]
+    response = predict(server, {"input": ["fine", "token " * 200], "truncate": False})
+    assert response.status_code == 413 and response.json()["error"]["param"] == "input[1]"
+    response = predict(server, {"input": [[1, 2, 99999]]}, path="v1/embeddings")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input[0][2]"
+
+
+def test_body_over_max_request_size_is_413(server):
+    limit = int(server.properties["max_request_size"])
+    response = predict(server, {"input": "x" * (limit + 1)})
+    assert response.status_code == 413
