@@ -121,6 +121,10 @@ class EmbeddingEngine:
         for index, raw in enumerate(raw_requests):
             try:
                 request = parse_request(raw.body, raw.content_type, raw.url_path)
+            except RequestError as err:
+                bodies[index] = (err.http_status, encode_error(err))
+                continue
+            try:
                 if request.route is Route.TEI_INFO:
                     bodies[index] = (200, encode_info(self.info()))
                 elif request.route is Route.TEI_TOKENIZE:
@@ -128,6 +132,7 @@ class EmbeddingEngine:
                 else:
                     jobs[index] = self._prepare(request)
             except RequestError as err:
+                err.tei = request.route.tei  # TEI routes answer in TEI's shape and statuses
                 bodies[index] = (err.http_status, encode_error(err))
 
         ids, spans = flatten([job.ids for job in jobs.values()])
@@ -142,30 +147,24 @@ class EmbeddingEngine:
         return [Response(status, body, headers) for status, body in bodies]
 
     def _prepare(self, request: EmbeddingRequest) -> _Job:
-        try:
-            options = request.options
-            normalize = self.settings.normalize if options.normalize is None else options.normalize
-            self._check_limits(request)
-            self._check_options(request, normalize)
-            prompt = self._prompt(options.prompt_name)
-            bodies = self._bodies(request, prompt)
-            truncate = self.settings.truncate if options.truncate is None else options.truncate
-            tokenized = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction)
-                         for body in bodies]
-            for i, item in enumerate(tokenized):
-                if not truncate and item.full_length > self.max_length:
-                    raise too_large(
-                        f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
-                        "and truncation is off (send \"truncate\": true to cut it)",
-                        param=f"{request.field}[{i}]")
-            total = sum(len(item.ids) for item in tokenized)
-            if total > self.settings.max_tokens_per_request:
-                raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
-                                f"{self.settings.max_tokens_per_request}", param=request.field)
-            return _Job(request, [item.ids for item in tokenized], normalize)
-        except RequestError as err:
-            err.tei = request.route.tei
-            raise
+        options = request.options
+        normalize = self.settings.normalize if options.normalize is None else options.normalize
+        self._check_limits(request)
+        self._check_options(request, normalize)
+        bodies = self._bodies(request, self._prompt(options.prompt_name))
+        truncate = self.settings.truncate if options.truncate is None else options.truncate
+        tokenized = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction) for body in bodies]
+        for i, item in enumerate(tokenized):
+            if not truncate and item.full_length > self.max_length:
+                raise too_large(
+                    f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
+                    "and truncation is off (send \"truncate\": true to cut it)",
+                    param=f"{request.field}[{i}]")
+        total = sum(len(item.ids) for item in tokenized)
+        if total > self.settings.max_tokens_per_request:
+            raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
+                            f"{self.settings.max_tokens_per_request}", param=request.field)
+        return _Job(request, [item.ids for item in tokenized], normalize)
 
     def _check_limits(self, request: EmbeddingRequest) -> None:
         """Input count and characters per text, both before any tokenizing."""
@@ -217,12 +216,8 @@ class EmbeddingEngine:
         return bodies
 
     def _tokenize(self, request: EmbeddingRequest) -> bytes:
-        try:
-            self._check_limits(request)
-            prompt = self._prompt(request.options.prompt_name)
-        except RequestError as err:
-            err.tei = True
-            raise
+        self._check_limits(request)
+        prompt = self._prompt(request.options.prompt_name)
         texts = [prompt + text for text in request.inputs]
         return encode_tokens(self.tokenizer.tokens(texts, request.options.add_special_tokens))
 
