@@ -75,7 +75,6 @@ class EmbeddingEngine:
             model_dir, placement,
             pooling=settings.pooling if settings.pooling != "auto" else (description.pooling or "mean"),
             pad_id=tokenizer.pad_id,
-            max_batch_tokens=settings.max_batch_tokens,
             max_batch_size=settings.max_batch_size,
         )
         max_length = resolve_max_length(settings.max_length, description.max_seq_length,
@@ -86,7 +85,7 @@ class EmbeddingEngine:
 
     def warmup(self) -> None:
         ids = [self.tokenizer.assemble(self.tokenizer.body_ids([WARMUP_TEXT])[0], self.max_length, "right").ids]
-        if not torch.isfinite(self.encoder.embed(ids)).all():
+        if not torch.isfinite(self.encoder.embed(ids).vectors).all():
             raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
 
     def info(self) -> dict[str, Any]:
@@ -108,7 +107,7 @@ class EmbeddingEngine:
             "max_client_batch_size": self.settings.max_inputs_per_request,
             "max_input_chars": self.settings.max_input_chars,
             "max_tokens_per_request": self.settings.max_tokens_per_request,
-            "max_batch_tokens": self.settings.max_batch_tokens,
+            "max_batch_tokens": placement.max_batch_tokens,
             "max_batch_size": self.settings.max_batch_size,
             "output_dtypes": list(OUTPUT_DTYPES),
             "encoding_formats": list(ENCODING_FORMATS),
@@ -136,14 +135,16 @@ class EmbeddingEngine:
                 bodies[index] = (err.http_status, encode_error(err))
 
         ids, spans = flatten([job.ids for job in jobs.values()])
-        vectors = self.encoder.embed(ids) if ids else None
-        for (index, job), span in zip(jobs.items(), spans):
-            bodies[index] = (200, self._encode(job, vectors[span]))
+        if ids:
+            embedded = self.encoder.embed(ids)
+            for (index, job), span in zip(jobs.items(), spans):
+                bodies[index] = (200, self._encode(job, embedded.vectors[span]))
+            # Counts only: request text never reaches the logs.
+            log.debug("batch: %d requests, %d inputs, %d passes, %d/%d real/padded tokens, %.1f ms",
+                      len(raw_requests), len(ids), embedded.passes, embedded.real_tokens,
+                      embedded.padded_tokens, (time.perf_counter() - started) * 1000)
 
         headers = {"x-batch-size": str(len(raw_requests))}
-        # Counts only: request text never reaches the logs.
-        log.debug("batch: %d requests, %d inputs, %.1f ms", len(raw_requests), len(ids),
-                  (time.perf_counter() - started) * 1000)
         return [Response(status, body, headers) for status, body in bodies]
 
     def _prepare(self, request: EmbeddingRequest) -> _Job:

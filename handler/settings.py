@@ -37,8 +37,9 @@ class Settings:
     # Token limit per input; 0 means the model's own (sentence-transformers max_seq_length,
     # else the tokenizer's limit capped by the position embeddings).
     max_length: int = 0
-    # Each forward pass holds at most this many padded tokens (longest x count) ...
-    max_batch_tokens: int = 16384
+    # Each forward pass holds at most this many padded tokens (longest x count); 0 picks per
+    # device: small passes stay in cache on a CPU, large ones fill a GPU ...
+    max_batch_tokens: int = 0
     # ... and at most this many sequences.
     max_batch_size: int = 256
     # Torch intra-op threads per worker; 0 means CPU cores divided by the worker count.
@@ -82,8 +83,8 @@ class Settings:
             raise SettingsError("max_length", "must be >= 0 (0 means the model's limit)")
         if self.max_batch_size < 1:
             raise SettingsError("max_batch_size", "must be >= 1")
-        if self.max_batch_tokens < 1:
-            raise SettingsError("max_batch_tokens", "must be >= 1")
+        if self.max_batch_tokens < 0:
+            raise SettingsError("max_batch_tokens", "must be >= 0 (0 means automatic)")
         for key in ("max_inputs_per_request", "max_input_chars", "max_tokens_per_request"):
             if getattr(self, key) < 1:
                 raise SettingsError(key, "must be >= 1")

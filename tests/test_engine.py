@@ -74,6 +74,16 @@ def test_many_texts_across_sub_batches_equal_one_at_a_time(tiny_model_dir):
     np.testing.assert_allclose(vectors_of(body)[:20], singles, atol=1e-5)
 
 
+def test_encoder_counts_real_and_padded_tokens(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=64, max_batch_size=4)
+    ids = [[2] * n for n in (3, 10, 4, 9, 30)]
+    embedded = engine.encoder.embed(ids)
+    assert embedded.real_tokens == 56
+    # Sorted: [30, 10] padded to 30 (60 <= 64; a third row would exceed it), then [9, 4, 3] to 9.
+    assert embedded.passes == 2 and embedded.padded_tokens == 60 + 27
+    assert embedded.vectors.shape == (5, 32)
+
+
 def test_bad_requests_fail_alone(tiny_engine, tiny_model_dir):
     requests = [
         RawRequest({"input": TEXTS[0]}),
