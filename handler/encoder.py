@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -46,6 +47,8 @@ class Placement:
     cpu_threads: int  # 0 on GPU: torch's default is left alone
     max_batch_tokens: int
     pad_multiple: int
+    # Under int8: the Linear layers kept in float32 (the rest are quantized). None: no int8.
+    int8_fp32_layers: tuple[str, ...] | None = None
 
 
 def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool) -> Placement:
@@ -56,10 +59,13 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         device = torch.device(settings.device)
         if device.type == "cuda" and not cuda_available:
             raise ValueError(f"handler setting 'device': {settings.device} requested but CUDA is not available")
+    int8 = settings.dtype == "int8"
+    if int8 and device.type == "cuda":
+        raise ValueError("handler setting 'dtype': int8 is a CPU mode; use float16 or bfloat16 on CUDA")
     if settings.dtype == "auto":
         dtype = torch.float16 if device.type == "cuda" else torch.float32
     else:
-        dtype = _DTYPES[settings.dtype]
+        dtype = torch.float32 if int8 else _DTYPES[settings.dtype]
     if device.type == "cpu" and dtype == torch.float16:
         raise ValueError("handler setting 'dtype': float16 is not supported on CPU; use float32 or bfloat16")
     on_gpu = device.type == "cuda"
@@ -68,7 +74,8 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         # Workers are separate processes; split the cores between them instead of oversubscribing.
         threads = settings.cpu_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
     budget = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
-    return Placement(device, dtype, threads, budget, GPU_PAD_MULTIPLE if on_gpu else 1)
+    return Placement(device, dtype, threads, budget, GPU_PAD_MULTIPLE if on_gpu else 1,
+                     int8_fp32_layers=settings.int8_fp32_layers if int8 else None)
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,10 @@ class Encoder:
         except (ValueError, ImportError) as err:  # architectures without SDPA support
             log.warning("SDPA attention unavailable (%s); using eager attention", err)
             model = AutoModel.from_pretrained(self.model_dir, **kwargs)
-        return model.to(self.placement.device).eval()
+        model = model.to(self.placement.device).eval()
+        if self.placement.int8_fp32_layers is not None:
+            model = quantize_int8(model, keep_fp32=self.placement.int8_fp32_layers)
+        return model
 
     def embed(self, token_ids: Sequence[Sequence[int]]) -> Embedded:
         """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order."""
@@ -135,6 +145,26 @@ class Encoder:
             mask[i, : len(row)] = 1
         device = self.placement.device
         return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+
+
+def quantizable_layers(model: torch.nn.Module) -> list[str]:
+    """The Linear layers int8 mode may quantize (the unused BERT pooler is left alone)."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and not name.startswith("pooler")]
+
+
+def quantize_int8(model: torch.nn.Module, keep_fp32: Sequence[str] = ()) -> torch.nn.Module:
+    """Dynamic int8 quantization (per-channel weights, activations quantized per call) of every
+    quantizable Linear but those in keep_fp32. Weights shrink 4x and matmuls run on int8 kernels."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    unknown = set(keep_fp32) - set(quantizable_layers(model))
+    if unknown:
+        raise ValueError(f"handler setting 'int8_fp32_layers': no such Linear layer(s): {', '.join(sorted(unknown))}")
+    chosen = {name: per_channel_dynamic_qconfig for name in quantizable_layers(model) if name not in keep_fp32}
+    with warnings.catch_warnings():  # torch points eager quantization users at torchao on every call
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, chosen, dtype=torch.qint8)
 
 
 def resolve_max_length(setting: int, st_max_seq_length: int | None, tokenizer_limit: int | None,

@@ -95,7 +95,7 @@ class EmbeddingEngine:
             "revision": self.settings.revision or None,
             "served_model_name": self.model_name,
             "model_type": "embedding",
-            "model_dtype": str(placement.dtype).removeprefix("torch."),
+            "model_dtype": "int8" if placement.int8_fp32_layers is not None else str(placement.dtype).removeprefix("torch."),
             "device": str(placement.device),
             "embedding_dimension": self.encoder.dimension,
             "max_input_length": self.max_length,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 POOLINGS = ("auto", "mean", "cls", "last_token")
 
 
@@ -29,8 +29,12 @@ class Settings:
     model_path: str = "model"
     # "auto": the GPU TorchServe assigned to this worker when CUDA is available, else CPU.
     device: str = "auto"
-    # "auto": float16 on CUDA, float32 on CPU.
+    # "auto": float16 on CUDA, float32 on CPU. "int8" (CPU only): dynamic int8 quantization of
+    # the Linear layers, except those listed in int8_fp32_layers.
     dtype: str = "auto"
+    # Linear layers kept in float32 under int8, chosen by the build's calibration (the ones
+    # whose quantization costs the most accuracy).
+    int8_fp32_layers: tuple[str, ...] = ()
     # "auto": read from the model's sentence-transformers files, else mean.
     pooling: str = "auto"
     normalize: bool = True
@@ -105,6 +109,10 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise SettingsError(key, f"expected true or false, got {value!r}")
+    if kind is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise SettingsError(key, f"expected a list of strings, got {value!r}")
     if kind is int:
         if isinstance(value, bool):
             raise SettingsError(key, f"expected an integer, got {value!r}")

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from archive.ts_config import read_properties
+from archive.ts_config import read_properties, update_properties
 
 WORKER_DEATHS_BEFORE_GIVING_UP = 3
 
@@ -181,8 +182,6 @@ def _torchserve() -> str:
 
 
 def _require_free_port(url: str) -> None:
-    import socket
-
     parts = urlsplit(url)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -190,6 +189,29 @@ def _require_free_port(url: str) -> None:
             s.bind((parts.hostname, parts.port))
         except OSError:
             raise ServerError(f"{url} is already in use; stop what listens there or change config.properties") from None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def isolated_config(root: Path, base: Path, **properties: str) -> Path:
+    """A copy of `base` in `root` on free loopback ports with its own model store and no models,
+    for a server that shares nothing with another one on this machine (tests, benchmarks)."""
+    config = root / "config.properties"
+    config.write_text(base.read_text())
+    update_properties(config, {
+        "inference_address": f"http://127.0.0.1:{free_port()}",
+        "management_address": f"http://127.0.0.1:{free_port()}",
+        "metrics_address": f"http://127.0.0.1:{free_port()}",
+        "model_store": str(root / "model_store"),
+        "models": "{}",
+        "load_models": "",
+        **properties,
+    })
+    return config
 
 
 def usage_text(server: TorchServe) -> str:

@@ -3,17 +3,15 @@ TorchServe per test session serving the tiny model and the real all-MiniLM-L6-v2
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from archive.build import main as build_main
-from archive.ts_config import update_properties
 from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine
 from handler.settings import Settings
-from scripts.serverctl import TorchServe
+from scripts.serverctl import TorchServe, isolated_config
 from tests.tiny_model import make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,25 +39,9 @@ def tiny_engine(tiny_model_dir) -> EmbeddingEngine:
     return make_engine(tiny_model_dir)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_server_config(root: Path) -> Path:
     """The repository's config.properties on free loopback ports, with no models yet."""
-    config = root / "config.properties"
-    config.write_text((REPO / "config.properties").read_text())
-    update_properties(config, {
-        "inference_address": f"http://127.0.0.1:{free_port()}",
-        "management_address": f"http://127.0.0.1:{free_port()}",
-        "metrics_address": f"http://127.0.0.1:{free_port()}",
-        "model_store": str(root / "model_store"),
-        "models": "{}",
-        "load_models": "",
-    })
-    return config
+    return isolated_config(root, REPO / "config.properties")
 
 
 def build(config: Path, *args: str) -> None:

@@ -1,4 +1,5 @@
-"""Benchmark corpora, generated offline and deterministically from the model's own vocabulary.
+"""Synthetic corpora, generated offline and deterministically from the model's own vocabulary,
+for int8 calibration at build time and for the benchmark.
 
 - fixed: every text is exactly `length` tokens with special tokens (64 by default);
 - mixed: a long tail from 4 to 256 tokens, median about 40 (log-normal lengths), like real

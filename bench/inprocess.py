@@ -1,0 +1,87 @@
+"""In-process measurements: our engine against sentence-transformers on the same model, corpus
+and threads, and the CPU's matrix-multiply rate that bounds both."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from handler.encoder import resolve_placement
+from handler.engine import EmbeddingEngine
+from handler.pooling import l2_normalize
+from handler.settings import Settings
+
+
+def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingEngine:
+    config = Settings.from_mapping({"device": "cpu", "cpu_threads": threads, **settings})
+    engine = EmbeddingEngine.load(model_dir, config, resolve_placement(config, None, 1, False), "bench")
+    engine.warmup()
+    return engine
+
+
+def token_ids(engine: EmbeddingEngine, texts: Sequence[str]) -> list[list[int]]:
+    tokenizer = engine.tokenizer
+    return [tokenizer.assemble(body, engine.max_length, "right").ids for body in tokenizer.body_ids(texts)]
+
+
+def bench_engine(engine: EmbeddingEngine, texts: Sequence[str], repeats: int = 2) -> tuple[dict, np.ndarray]:
+    """Tokenize and embed the whole corpus as one batch (the engine sorts and cuts it); best of repeats."""
+    best, embedded = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        embedded = engine.encoder.embed(token_ids(engine, texts))
+        best = min(best, time.perf_counter() - started)
+    vectors = l2_normalize(embedded.vectors).numpy()
+    return {
+        "texts_per_s": round(len(texts) / best, 1),
+        "tokens_per_s": round(embedded.real_tokens / best, 1),
+        "padding_efficiency": round(embedded.real_tokens / embedded.padded_tokens, 3),
+        "forward_passes": embedded.passes,
+    }, vectors
+
+
+def bench_sentence_transformers(model_dir: Path, texts: Sequence[str], threads: int,
+                                repeats: int = 2) -> tuple[dict, np.ndarray]:
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    model.encode(list(texts[:32]), batch_size=32)
+    best, vectors = float("inf"), None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        vectors = model.encode(list(texts), batch_size=32, normalize_embeddings=True)
+        best = min(best, time.perf_counter() - started)
+    return {"texts_per_s": round(len(texts) / best, 1)}, vectors
+
+
+def cosine_stats(vectors: np.ndarray, reference: np.ndarray) -> dict:
+    cosine = (vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(reference, axis=1)
+    return {"mean_cosine": round(float(cosine.mean()), 5), "min_cosine": round(float(cosine.min()), 5)}
+
+
+def matmul_gflops(threads: int, size: int = 1024, seconds: float = 2.0) -> float:
+    """fp32 torch.mm throughput: the ceiling for an encoder that is mostly matrix multiplies."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        torch.mm(a, b)
+        count += 1
+    return 2 * size**3 * count / (time.perf_counter() - started) / 1e9
+
+
+def flops_per_token(engine: EmbeddingEngine, sequence_length: int) -> float:
+    """Forward FLOPs per token: 2 per weight of every encoder Linear, plus attention's two
+    (seq x hidden) products per layer."""
+    model = engine.encoder.model
+    linear = sum(m.weight.numel() for name, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and not name.startswith("pooler"))
+    config = model.config
+    attention = 4 * sequence_length * config.hidden_size * config.num_hidden_layers
+    return 2 * linear + attention

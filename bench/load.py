@@ -1,0 +1,87 @@
+"""A closed-loop HTTP load generator: N concurrent clients, each sending its next request as soon
+as the previous one is answered, for a fixed time, on loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Sequence
+from urllib.parse import urlsplit
+
+import aiohttp
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    concurrency: int
+    texts_per_request: int
+    seconds: float
+    requests: int
+    texts: int
+    tokens: int
+    errors: dict[int, int]
+    latencies_ms: list[float]
+
+    def summary(self) -> dict:
+        latencies = np.array(self.latencies_ms) if self.latencies_ms else np.array([np.nan])
+        return {
+            "concurrency": self.concurrency,
+            "texts_per_request": self.texts_per_request,
+            "seconds": round(self.seconds, 2),
+            "requests": self.requests,
+            "errors": self.errors,
+            "texts_per_s": round(self.texts / self.seconds, 1),
+            "tokens_per_s": round(self.tokens / self.seconds, 1),
+            "p50_ms": round(float(np.percentile(latencies, 50)), 1),
+            "p95_ms": round(float(np.percentile(latencies, 95)), 1),
+            "p99_ms": round(float(np.percentile(latencies, 99)), 1),
+        }
+
+
+def run_load(url: str, headers: dict[str, str], texts: Sequence[str], token_counts: Sequence[int], *,
+             concurrency: int, texts_per_request: int, seconds: float, warmup_seconds: float = 2.0) -> LoadResult:
+    host = urlsplit(url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"load tests target loopback only, not {host}")
+    return asyncio.run(_run(url, headers, texts, token_counts, concurrency, texts_per_request, seconds,
+                            warmup_seconds))
+
+
+async def _run(url, headers, texts, token_counts, concurrency, per_request, seconds, warmup) -> LoadResult:
+    # Requests are cut from the corpus in order, round-robin, so every run sees the same mix.
+    chunks = itertools.cycle([(list(texts[i : i + per_request]), sum(token_counts[i : i + per_request]))
+                              for i in range(0, len(texts) - per_request + 1, per_request)])
+    latencies: list[float] = []
+    errors: dict[int, int] = {}
+    counted = {"requests": 0, "texts": 0, "tokens": 0}
+    start = time.perf_counter()
+    measure_from = start + warmup
+    stop = measure_from + seconds
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < stop:
+            batch, tokens = next(chunks)
+            sent = time.perf_counter()
+            async with session.post(url, json={"input": batch}, headers=headers) as response:
+                await response.read()
+                status = response.status
+            done = time.perf_counter()
+            if sent < measure_from or done > stop:
+                continue  # only requests wholly inside the window count
+            if status != 200:
+                errors[status] = errors.get(status, 0) + 1
+                continue
+            latencies.append((done - sent) * 1000)
+            counted["requests"] += 1
+            counted["texts"] += len(batch)
+            counted["tokens"] += tokens
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+    return LoadResult(concurrency, per_request, seconds, counted["requests"], counted["texts"], counted["tokens"],
+                      errors, latencies)

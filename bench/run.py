@@ -1,0 +1,160 @@
+"""The benchmark: our engine and server against sentence-transformers, in one run.
+
+    python -m bench.run [--seconds 10] [--out bench/results]
+
+1. In-process, same model, corpus and threads: sentence-transformers `encode` vs our engine
+   (fp32 and int8), with padding efficiency and cosine to the fp32 reference.
+2. The CPU's fp32 matrix-multiply rate, and from it the fixed corpus's texts/s ceiling.
+3. End to end through the real TorchServe: a closed-loop client at several concurrencies and
+   texts per request, on the fixed (64-token) and mixed (4-256 token) corpora; then int8.
+Results go to `<out>/bench.json` and `<out>/bench.png`; the targets are checked at the end.
+The load generator runs on the same cores as the server, as any single-machine test does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from archive.build import main as build_main
+from archive.default_model import fetch_default_model
+from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
+from bench.inprocess import (
+    bench_engine, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine, matmul_gflops,
+)
+from bench.load import run_load
+from scripts.serverctl import TorchServe, isolated_config
+
+REPO = Path(__file__).resolve().parent.parent
+CONCURRENCIES = (1, 16, 64)
+TEXTS_PER_REQUEST = (1, 32)
+FIXED_LENGTH = 64
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per load run")
+    parser.add_argument("--corpus-size", type=int, default=512, help="texts per in-process corpus")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args(argv)
+
+    model_dir = fetch_default_model()
+    threads = os.cpu_count() or 1
+    tokenizer = load_tokenizer(model_dir / "tokenizer.json")
+    corpora = {
+        "fixed": fixed_corpus(model_dir / "tokenizer.json", 2048, FIXED_LENGTH),
+        "mixed": mixed_corpus(model_dir / "tokenizer.json", 2048),
+    }
+    tokens = {name: [len(tokenizer.encode(t).ids) for t in texts] for name, texts in corpora.items()}
+    results: dict = {"machine": _machine(threads), "in_process": {}, "end_to_end": {}}
+
+    print(f"in-process, {threads} threads, {args.corpus_size} texts per corpus ...", file=sys.stderr)
+    fp32 = load_engine(model_dir, threads)
+    int8 = load_engine(model_dir, threads, dtype="int8")
+    for name, texts in corpora.items():
+        sample = texts[: args.corpus_size]
+        st, reference = bench_sentence_transformers(model_dir, sample, threads)
+        ours, vectors = bench_engine(fp32, sample)
+        ours_int8, vectors_int8 = bench_engine(int8, sample)
+        results["in_process"][name] = {
+            "sentence_transformers": st,
+            "ours_fp32": {**ours, **cosine_stats(vectors, reference)},
+            "ours_int8": {**ours_int8, **cosine_stats(vectors_int8, vectors)},
+        }
+
+    gflops = matmul_gflops(threads)
+    per_text = flops_per_token(fp32, FIXED_LENGTH) * FIXED_LENGTH
+    results["matmul"] = {"gflops": round(gflops, 1), "mflop_per_token": round(per_text / FIXED_LENGTH / 1e6, 2),
+                         "fixed_texts_per_s_limit": round(gflops * 1e9 / per_text, 1)}
+    del fp32, int8
+
+    for dtype in ("float32", "int8"):
+        scenarios = _scenarios() if dtype == "float32" else [("mixed", 64, 1), ("fixed", 64, 1)]
+        results["end_to_end"][dtype] = _end_to_end(dtype, corpora, tokens, scenarios, args.seconds)
+
+    results["targets"] = check_targets(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench.json").write_text(json.dumps(results, indent=2))
+    from bench.plot import plot
+
+    plot(results, args.out / "bench.png")
+    print(json.dumps(results["targets"], indent=2))
+    print(f"wrote {args.out / 'bench.json'} and {args.out / 'bench.png'}", file=sys.stderr)
+    return 0
+
+
+def _scenarios() -> list[tuple[str, int, int]]:
+    return [(corpus, c, n) for corpus in ("fixed", "mixed") for n in TEXTS_PER_REQUEST for c in CONCURRENCIES]
+
+
+def _end_to_end(dtype: str, corpora: dict, tokens: dict, scenarios, seconds: float) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        root = Path(tmp)
+        config = isolated_config(root, REPO / "config.properties", async_logging="true")
+        code = build_main(["--dtype", dtype, "--export-path", str(root / "model_store"), "--config", str(config)])
+        if code != 0:
+            raise SystemExit(f"building the {dtype} archive failed")
+        server = TorchServe(config, root)
+        server.start()
+        try:
+            server.wait_ready(timeout=600)
+            url = f"{server.url('inference')}/predictions/minilm"
+            for corpus, concurrency, per_request in scenarios:
+                print(f"end to end {dtype}: {corpus}, {concurrency} clients, {per_request} texts/request ...",
+                      file=sys.stderr)
+                result = run_load(url, server.auth(), corpora[corpus], tokens[corpus], concurrency=concurrency,
+                                  texts_per_request=per_request, seconds=seconds)
+                rows.append({"corpus": corpus, **result.summary()})
+                time.sleep(1.0)
+        finally:
+            server.stop()
+    return rows
+
+
+def _row(rows: list[dict], corpus: str, concurrency: int, per_request: int) -> dict:
+    return next(r for r in rows if (r["corpus"], r["concurrency"], r["texts_per_request"]) ==
+                (corpus, concurrency, per_request))
+
+
+def check_targets(results: dict) -> list[dict]:
+    fp32, int8 = results["end_to_end"]["float32"], results["end_to_end"]["int8"]
+    st_mixed = results["in_process"]["mixed"]["sentence_transformers"]["texts_per_s"]
+    mixed64 = _row(fp32, "mixed", 64, 1)["texts_per_s"]
+    fixed64 = _row(fp32, "fixed", 64, 1)["texts_per_s"]
+    limit = results["matmul"]["fixed_texts_per_s_limit"]
+    int8_ratio = _row(int8, "mixed", 64, 1)["texts_per_s"] / mixed64
+    int8_quality = results["in_process"]["mixed"]["ours_int8"]
+    idle_p50 = _row(fp32, "mixed", 1, 1)["p50_ms"]
+    delay = 10  # ms, the build's default max_batch_delay
+    return [
+        _target("end to end vs sentence-transformers in-process (mixed, 64 clients, 1 text)",
+                round(mixed64 / st_mixed, 2), ">= 1.3", mixed64 / st_mixed >= 1.3),
+        _target("fixed 64-token texts/s end to end (64 clients, 1 text)", fixed64, ">= 80", fixed64 >= 80),
+        _target("fixed end to end / matmul limit", round(fixed64 / limit, 2), ">= 0.78", fixed64 / limit >= 0.78),
+        _target("int8 / fp32 end to end (mixed, 64 clients)", round(int8_ratio, 2), ">= 1.4", int8_ratio >= 1.4),
+        _target("int8 cosine to fp32 (mean, min)", [int8_quality["mean_cosine"], int8_quality["min_cosine"]],
+                ">= 0.99, >= 0.97", int8_quality["mean_cosine"] >= 0.99 and int8_quality["min_cosine"] >= 0.97),
+        _target("idle p50 latency, 1 client, 1 text (ms)", idle_p50, f"<= {delay + 20}", idle_p50 <= delay + 20),
+    ]
+
+
+def _target(name: str, measured, goal: str, met: bool) -> dict:
+    return {"target": name, "measured": measured, "goal": goal, "met": bool(met)}
+
+
+def _machine(threads: int) -> dict:
+    return {"cpu_threads": threads, "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
