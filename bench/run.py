@@ -26,6 +26,7 @@ import torch
 
 from archive.build import main as build_main
 from archive.default_model import fetch_default_model
+from archive.int8_calibration import calibrate
 from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from bench.inprocess import (
     bench_engine, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine, matmul_gflops,
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"in-process, {threads} threads, {args.corpus_size} texts per corpus ...", file=sys.stderr)
     fp32 = load_engine(model_dir, threads)
-    int8 = load_engine(model_dir, threads, dtype="int8")
+    calibration = calibrate(model_dir, {})  # what `build_mar.sh --dtype int8` records in the archive
+    results["int8_calibration"] = {"kept_fp32": calibration.keep_fp32, "quantized": calibration.quantized_layers}
+    int8 = load_engine(model_dir, threads, dtype="int8", int8_fp32_layers=calibration.keep_fp32)
     for name, texts in corpora.items():
         sample = texts[: args.corpus_size]
         st, reference = bench_sentence_transformers(model_dir, sample, threads)

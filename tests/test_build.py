@@ -166,3 +166,14 @@ def test_default_model_hash_check_detects_tampering(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("not the real file")
     assert sorted(_mismatches(tmp_path)) == sorted(SHA256)
+
+
+def test_int8_build_records_its_calibration(tiny_model_dir, config, tmp_path):
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny8", "--dtype", "int8") == 0
+    with zipfile.ZipFile(config.parent / "store" / "tiny8.mar") as archive:
+        handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
+    assert handler["dtype"] == "int8"
+    kept = handler["int8_fp32_layers"]
+    assert isinstance(kept, list) and all(name.startswith("encoder.layer.") for name in kept)
+    engine = make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=kept)
+    assert engine.info()["model_dtype"] == "int8"

@@ -139,3 +139,19 @@ def test_normalize_off_and_max_length_setting(tiny_model_dir):
 def test_max_length_beyond_position_embeddings_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="'max_length'"):
         make_engine(tiny_model_dir, max_length=4096)
+
+
+def test_int8_mode_quantizes_all_but_the_kept_layers(tiny_model_dir):
+    keep = ["encoder.layer.0.output.dense"]
+    engine = make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=keep)
+    modules = dict(engine.encoder.model.named_modules())
+    assert isinstance(modules[keep[0]], torch.nn.Linear)
+    assert not isinstance(modules["encoder.layer.1.output.dense"], torch.nn.Linear)  # a dynamic int8 Linear
+    got = vectors_of(embed(engine, {"input": TEXTS}))
+    want = float64_reference(tiny_model_dir, TEXTS)
+    assert ((got * want).sum(1) > 0.97).all()
+
+
+def test_int8_refuses_unknown_layers(tiny_model_dir):
+    with pytest.raises(ValueError, match="no such Linear layer"):
+        make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=["encoder.layer.9.nope"])

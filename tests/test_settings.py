@@ -86,3 +86,17 @@ def test_float16_on_cpu_is_refused_with_the_setting_named():
 def test_cuda_requested_without_cuda_is_refused():
     with pytest.raises(ValueError, match="'device'"):
         resolve_placement(Settings(device="cuda"), gpu_id=None, workers=1, cuda_available=False)
+
+
+def test_int8_is_a_cpu_mode():
+    placement = resolve_placement(Settings(dtype="int8", int8_fp32_layers=("a.b",)), None, 1, cuda_available=False)
+    assert placement.dtype == torch.float32 and placement.int8_fp32_layers == ("a.b",)
+    assert resolve_placement(Settings(), None, 1, False).int8_fp32_layers is None
+    with pytest.raises(ValueError, match="'dtype': int8 is a CPU mode"):
+        resolve_placement(Settings(dtype="int8"), gpu_id=0, workers=1, cuda_available=True)
+
+
+def test_layer_list_setting():
+    assert Settings.from_mapping({"int8_fp32_layers": ["x", "y"]}).int8_fp32_layers == ("x", "y")
+    with pytest.raises(SettingsError, match="int8_fp32_layers"):
+        Settings.from_mapping({"int8_fp32_layers": "x"})
