@@ -19,9 +19,9 @@ def plot(results: dict, output: Path) -> None:
                         key=lambda r: r["concurrency"])
         x = [r["concurrency"] for r in points]
         label = f"{corpus}, {per_request} text(s)/request"
-        throughput.plot(x, [r["texts_per_s"] for r in points], marker="o", label=label)
+        [line] = throughput.plot(x, [r["texts_per_s"] for r in points], marker="o", label=label)
         for percentile, style in (("p50_ms", "-"), ("p99_ms", ":")):
-            latency.plot(x, [r[percentile] for r in points], style, marker="o",
+            latency.plot(x, [r[percentile] for r in points], style, marker="o", color=line.get_color(),
                          label=f"{label} {percentile[:3]}")
     st = results["in_process"]["mixed"]["sentence_transformers"]["texts_per_s"]
     throughput.axhline(st, color="grey", linestyle="--", label="sentence-transformers in-process (mixed)")
