@@ -1,0 +1,39 @@
+"""The benchmark's parts: corpora of exact lengths, and the load generator against the real server."""
+
+import statistics
+
+import pytest
+
+from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
+from bench.load import run_load
+
+
+def test_fixed_corpus_has_exact_lengths(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir / "tokenizer.json")
+    texts = fixed_corpus(tiny_model_dir / "tokenizer.json", 50, length=20)
+    assert {len(tokenizer.encode(t).ids) for t in texts} == {20}
+    assert texts == fixed_corpus(tiny_model_dir / "tokenizer.json", 50, length=20)  # deterministic
+
+
+def test_mixed_corpus_is_long_tailed(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir / "tokenizer.json")
+    lengths = [len(tokenizer.encode(t).ids) for t in mixed_corpus(tiny_model_dir / "tokenizer.json", 400)]
+    assert min(lengths) >= 4 and max(lengths) <= 256
+    assert 30 <= statistics.median(lengths) <= 50
+    assert max(lengths) > 4 * statistics.median(lengths)
+
+
+def test_load_generator_refuses_other_hosts():
+    with pytest.raises(ValueError, match="loopback"):
+        run_load("http://example.com/x", {}, ["a"], [1], concurrency=1, texts_per_request=1, seconds=0.1)
+
+
+@pytest.mark.integration
+def test_load_generator_against_the_server(server, tiny_model_dir):
+    texts = fixed_corpus(tiny_model_dir / "tokenizer.json", 64, length=12)
+    result = run_load(f"{server.url('inference')}/predictions/tiny", server.auth(), texts, [12] * 64,
+                      concurrency=4, texts_per_request=2, seconds=1.0, warmup_seconds=0.2)
+    summary = result.summary()
+    assert result.errors == {} and result.requests >= 4
+    assert result.texts == 2 * result.requests and result.tokens == 12 * result.texts
+    assert summary["texts_per_s"] > 0 and 0 < summary["p50_ms"] <= summary["p99_ms"]
