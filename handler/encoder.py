@@ -52,30 +52,31 @@ class Placement:
 
 
 def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool) -> Placement:
-    """Pick device, dtype and CPU threads from the settings and what this worker was given."""
+    """Pick device, dtype, threads and forward-pass shape from the settings and this worker's lot."""
     if settings.device == "auto":
         device = torch.device(f"cuda:{gpu_id or 0}") if cuda_available else torch.device("cpu")
     else:
         device = torch.device(settings.device)
         if device.type == "cuda" and not cuda_available:
             raise ValueError(f"handler setting 'device': {settings.device} requested but CUDA is not available")
+    on_gpu = device.type == "cuda"
     int8 = settings.dtype == "int8"
-    if int8 and device.type == "cuda":
+    if int8 and on_gpu:
         raise ValueError("handler setting 'dtype': int8 is a CPU mode; use float16 or bfloat16 on CUDA")
     if settings.dtype == "auto":
-        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        dtype = torch.float16 if on_gpu else torch.float32
     else:
-        dtype = torch.float32 if int8 else _DTYPES[settings.dtype]
-    if device.type == "cpu" and dtype == torch.float16:
+        dtype = torch.float32 if int8 else _DTYPES[settings.dtype]  # int8 loads fp32, then quantizes
+    if not on_gpu and dtype == torch.float16:
         raise ValueError("handler setting 'dtype': float16 is not supported on CPU; use float32 or bfloat16")
-    on_gpu = device.type == "cuda"
-    threads = 0
-    if not on_gpu:
-        # Workers are separate processes; split the cores between them instead of oversubscribing.
-        threads = settings.cpu_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
-    budget = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
-    return Placement(device, dtype, threads, budget, GPU_PAD_MULTIPLE if on_gpu else 1,
-                     int8_fp32_layers=settings.int8_fp32_layers if int8 else None)
+    # Workers are separate processes; split the cores between them instead of oversubscribing.
+    threads = 0 if on_gpu else settings.cpu_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+    return Placement(
+        device, dtype, threads,
+        max_batch_tokens=settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS),
+        pad_multiple=GPU_PAD_MULTIPLE if on_gpu else 1,
+        int8_fp32_layers=settings.int8_fp32_layers if int8 else None,
+    )
 
 
 @dataclass(frozen=True)
