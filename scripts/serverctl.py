@@ -28,6 +28,7 @@ import requests
 from archive.ts_config import read_properties, update_properties
 
 WORKER_DEATHS_BEFORE_GIVING_UP = 3
+GRPC_DEFAULT_PORTS = {"inference": 7070, "management": 7071}  # TorchServe's, when not configured
 
 
 class ServerError(RuntimeError):
@@ -61,6 +62,17 @@ class TorchServe:
     def url(self, api: str) -> str:
         return self.properties[f"{api}_address"].rstrip("/")
 
+    def listeners(self) -> dict[str, tuple[str, int]]:
+        """Every address the server binds: the three REST APIs and TorchServe's two gRPC APIs."""
+        found = {}
+        for api in ("inference", "management", "metrics"):
+            parts = urlsplit(self.url(api))
+            found[api] = (parts.hostname, parts.port)
+        for api, default_port in GRPC_DEFAULT_PORTS.items():
+            found[f"grpc_{api}"] = (self.properties.get(f"grpc_{api}_address", "127.0.0.1"),
+                                    int(self.properties.get(f"grpc_{api}_port", default_port)))
+        return found
+
     def keys(self) -> dict[str, str]:
         data = json.loads((self.workdir / "key_file.json").read_text())
         return {"inference": data["inference"]["key"], "management": data["management"]["key"]}
@@ -71,8 +83,8 @@ class TorchServe:
     def start(self) -> None:
         if self.pid() is not None:
             raise ServerError(f"a server is already running from {self.workdir} (pid {self.pid()}); stop it first")
-        for address in ("inference", "management", "metrics"):
-            _require_free_port(self.url(address))
+        for name, (host, port) in self.listeners().items():
+            _require_free_port(name, host, port)
         (self.workdir / ".run").mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.workdir / "key_file.json").unlink(missing_ok=True)
@@ -181,14 +193,14 @@ def _torchserve() -> str:
     return found
 
 
-def _require_free_port(url: str) -> None:
-    parts = urlsplit(url)
+def _require_free_port(name: str, host: str, port: int) -> None:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((parts.hostname, parts.port))
+            s.bind((host, port))
         except OSError:
-            raise ServerError(f"{url} is already in use; stop what listens there or change config.properties") from None
+            raise ServerError(f"{name} address {host}:{port} is already in use; stop what listens there "
+                              "or change config.properties") from None
 
 
 def free_port() -> int:
@@ -206,6 +218,8 @@ def isolated_config(root: Path, base: Path, **properties: str) -> Path:
         "inference_address": f"http://127.0.0.1:{free_port()}",
         "management_address": f"http://127.0.0.1:{free_port()}",
         "metrics_address": f"http://127.0.0.1:{free_port()}",
+        "grpc_inference_port": str(free_port()),
+        "grpc_management_port": str(free_port()),
         "model_store": str(root / "model_store"),
         "models": "{}",
         "load_models": "",

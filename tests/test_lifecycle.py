@@ -2,7 +2,6 @@
 
 import shutil
 import socket
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -17,10 +16,9 @@ from tests.conftest import build, make_server_config
 pytestmark = pytest.mark.integration
 
 
-def port_is_free(url):
-    parts = urlsplit(url)
+def port_is_free(host, port):
     with socket.socket() as s:
-        return s.connect_ex((parts.hostname, parts.port)) != 0
+        return s.connect_ex((host, port)) != 0
 
 
 def test_server_starts_embeds_and_stops_cleanly(tmp_path, tiny_model_dir):
@@ -35,8 +33,8 @@ def test_server_starts_embeds_and_stops_cleanly(tmp_path, tiny_model_dir):
     finally:
         server.stop()
     assert server.pid() is None
-    for api in ("inference", "management", "metrics"):
-        assert port_is_free(server.url(api)), f"{api} port still open after stop"
+    for name, (host, port) in server.listeners().items():
+        assert port_is_free(host, port), f"{name} port still open after stop"
     assert "model tiny ready" in (tmp_path / "logs" / "model_log.log").read_text()
 
 
@@ -63,3 +61,15 @@ def test_a_model_that_cannot_load_is_reported_not_waited_for(tmp_path, tiny_mode
     message = str(caught.value)
     assert "died" in message
     assert "handler setting 'dtype'" in message
+
+
+def test_start_refuses_a_taken_port(tmp_path):
+    config = make_server_config(tmp_path)
+    server = TorchServe(config, tmp_path)
+    host, port = server.listeners()["grpc_inference"]
+    with socket.socket() as taken:
+        taken.bind((host, port))
+        taken.listen()
+        with pytest.raises(ServerError, match=f"grpc_inference address {host}:{port} is already in use"):
+            server.start()
+    assert server.pid() is None
