@@ -3,7 +3,10 @@
 import base64
 import json
 import threading
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -291,3 +294,26 @@ def test_body_over_max_request_size_is_413(server):
     limit = int(server.properties["max_request_size"])
     response = predict(server, {"input": "x" * (limit + 1)})
     assert response.status_code == 413
+
+
+def test_request_text_never_reaches_the_logs(server):
+    canary = f"canary-{uuid.uuid4().hex}"
+    predict(server, {"input": [f"{canary} good"]})
+    predict(server, {"inputs": [f"{canary} tei"]}, path="embed")
+    predict(server, f'{{"input": ["{canary} unterminated'.encode())
+    predict(server, {"input": [f"{canary} bad", 3]})
+    predict(server, {"input": "x" * 10, "prompt_name": canary})
+    predict(server, f"{canary} plain".encode(), content_type="text/plain")
+    time.sleep(2)  # the frontend writes its logs asynchronously
+    logs = {p: p.read_text(errors="replace") for p in server.logs.rglob("*") if p.is_file()}
+    assert any("/predictions/tiny" in text for text in logs.values())  # the requests were logged, bodies not
+    assert [str(p) for p, text in logs.items() if canary in text] == []
+
+
+def test_the_served_archives_hold_no_pickle(server):
+    from archive.build import pickled_members
+
+    store = Path(server.properties["model_store"])
+    mars = sorted(store.glob("*.mar"))
+    assert {m.name for m in mars} >= {"tiny.mar", "minilm.mar"}
+    assert all(pickled_members(mar) == [] for mar in mars)
