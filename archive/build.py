@@ -27,11 +27,13 @@ from archive.default_model import NAME as DEFAULT_NAME
 from archive.default_model import fetch_default_model
 from archive.digest import sha256_files
 from archive.stage import PICKLE_SUFFIXES, StageError, stage_model
-from archive.ts_config import register_model
+from archive.metrics_config import write_metrics_config
+from archive.ts_config import register_model, update_properties
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).resolve().parent / "model-config.yaml"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+METRICS_FILE = "metrics.yaml"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
 
 
@@ -87,6 +89,7 @@ def build(args: argparse.Namespace) -> Path:
         stage = Path(tmp) / "stage"
         stage_model(source, stage / "model")
         shutil.copytree(REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        write_metrics_config(stage / METRICS_FILE)
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
         if args.dtype == "int8":
             from archive.int8_calibration import calibrate
@@ -106,10 +109,19 @@ def build(args: argparse.Namespace) -> Path:
     if pickles:
         mar.unlink()
         raise BuildError(f"refusing to ship pickled files in the archive: {', '.join(pickles)}")
+    # TorchServe reads one metrics configuration for all models, at start-up: keep one beside the archives.
+    metrics_file = write_metrics_config(args.export_path / METRICS_FILE)
+    update_properties(args.config, {"metrics_config": _relative_to_config(metrics_file, args.config)})
     entry = {key: config[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
                                           "responseTimeout", "startupTimeout")}
     register_model(args.config, args.name, args.version, {"defaultVersion": True, "marName": mar.name, **entry})
     return mar
+
+
+def _relative_to_config(path: Path, config: Path) -> str:
+    """Relative to the config's folder when inside it (TorchServe is started from there), else absolute."""
+    path, folder = path.resolve(), config.resolve().parent
+    return str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path)
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -23,6 +23,7 @@ from handler.codec import (
 )
 from handler.encoder import Encoder, Placement, resolve_max_length
 from handler.errors import RequestError, too_large, unprocessable
+from handler.metrics import BatchReport
 from handler.model_files import describe_model
 from handler.pooling import l2_normalize
 from handler.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
@@ -114,7 +115,11 @@ class EmbeddingEngine:
         }
 
     def handle(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
-        started = time.perf_counter()
+        return self.handle_with_report(raw_requests)[0]
+
+    def handle_with_report(self, raw_requests: Sequence[RawRequest]) -> tuple[list[Response], BatchReport]:
+        report = BatchReport(requests=len(raw_requests))
+        clock = time.perf_counter()
         bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
         jobs: dict[int, _Job] = {}
         for index, raw in enumerate(raw_requests):
@@ -133,19 +138,24 @@ class EmbeddingEngine:
             except RequestError as err:
                 err.tei = request.route.tei  # TEI routes answer in TEI's shape and statuses
                 bodies[index] = (err.http_status, encode_error(err))
+        report.prepare_ms, clock = _since(clock)
 
         ids, spans = flatten([job.ids for job in jobs.values()])
         if ids:
             embedded = self.encoder.embed(ids)
+            report.model_ms, clock = _since(clock)
             for (index, job), span in zip(jobs.items(), spans):
                 bodies[index] = (200, self._encode(job, embedded.vectors[span]))
-            # Counts only: request text never reaches the logs.
-            log.debug("batch: %d requests, %d inputs, %d passes, %d/%d real/padded tokens, %.1f ms",
-                      len(raw_requests), len(ids), embedded.passes, embedded.real_tokens,
-                      embedded.padded_tokens, (time.perf_counter() - started) * 1000)
+            report.encode_ms, clock = _since(clock)
+            report.inputs, report.forward_passes = len(ids), embedded.passes
+            report.real_tokens, report.padded_tokens = embedded.real_tokens, embedded.padded_tokens
 
         headers = {"x-batch-size": str(len(raw_requests))}
-        return [Response(status, body, headers) for status, body in bodies]
+        for status, _ in bodies:
+            report.statuses[status] = report.statuses.get(status, 0) + 1
+        # Counts only: request text never reaches the logs.
+        log.debug("batch: %s", report)
+        return [Response(status, body, headers) for status, body in bodies], report
 
     def _prepare(self, request: EmbeddingRequest) -> _Job:
         options = request.options
@@ -231,3 +241,9 @@ class EmbeddingEngine:
             vectors = l2_normalize(vectors)
         return encode_embeddings(job.request, quantize(vectors.numpy(), options.output_dtype),
                                  model_name=self.model_name, prompt_tokens=sum(len(ids) for ids in job.ids))
+
+
+def _since(clock: float) -> tuple[float, float]:
+    """Milliseconds since `clock`, and the new clock."""
+    now = time.perf_counter()
+    return (now - clock) * 1000, now

@@ -14,9 +14,12 @@ from typing import Any
 
 import torch
 from ts.context import Context
+from ts.metrics.dimension import Dimension
+from ts.metrics.metric_type_enum import MetricTypes
 
 from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine, RawRequest
+from handler.metrics import BatchReport, measurements
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,8 @@ class EmbeddingHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
-        responses = self.engine.handle(raw)
+        responses, report = self.engine.handle_with_report(raw)
+        _record(context, report)
         for idx, response in enumerate(responses):
             context.set_response_content_type(idx, "application/json")
             if response.status != 200:
@@ -61,6 +65,14 @@ class EmbeddingHandler:
             for key, value in response.headers.items():
                 context.set_response_header(idx, key, value)
         return [response.body for response in responses]
+
+
+def _record(context: Context, report: BatchReport) -> None:
+    for spec, value, dimension_values in measurements(report):
+        # A fresh list each call: TorchServe appends its default dimensions to the one given.
+        dimensions = [Dimension(name, value) for name, value in zip(spec.dimensions, dimension_values)]
+        context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,
+                                   metric_type=MetricTypes.COUNTER)
 
 
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:

@@ -47,6 +47,15 @@ def test_tiny_mar_contents_and_config(tiny_model_dir, config):
     assert manifest["model"]["handler"] == "ts_handler.py"
     assert pickled_members(mar) == []
 
+    # The handler's metrics are declared for TorchServe, beside the archive and inside it.
+    assert "metrics.yaml" in names
+    assert read_properties(config)["metrics_config"] == "store/metrics.yaml"
+    declared = yaml.safe_load((config.parent / "store" / "metrics.yaml").read_text())
+    counters = {m["name"]: m for m in declared["model_metrics"]["counter"]}
+    assert counters["EmbedResponses"]["dimensions"] == ["Status", "ModelName", "Level"]
+    assert {"EmbedRequests", "EmbedRealTokens", "EmbedPaddedTokens"} <= set(counters)
+    assert "ts_inference_requests_total" in {m["name"] for m in declared["ts_metrics"]["counter"]}
+
     # config.properties and model-config.yaml agree; the other models and lines are kept.
     assert (model_config["batchSize"], model_config["maxBatchDelay"], model_config["minWorkers"]) == (4, 25, 3)
     assert model_config["handler"]["normalize"] is True

@@ -8,6 +8,7 @@ import yaml
 
 from archive.build import REPO as BUILD_REPO
 from archive.build import run_archiver, parse_args
+from archive.metrics_config import write_metrics_config
 from archive.stage import stage_model
 from archive.ts_config import register_model
 from scripts.serverctl import ServerError, TorchServe
@@ -48,6 +49,7 @@ def test_a_model_that_cannot_load_is_reported_not_waited_for(tmp_path, tiny_mode
     model_config.write_text(yaml.safe_dump({"minWorkers": 1, "maxWorkers": 1, "handler": {"dtype": "float64"}}))
     args = parse_args(["--name", "broken", "--export-path", str(tmp_path / "model_store")])
     run_archiver(args, stage, model_config)
+    write_metrics_config(tmp_path / "model_store" / "metrics.yaml")
     register_model(config, "broken", "1.0", {"defaultVersion": True, "marName": "broken.mar", "minWorkers": 1,
                                             "maxWorkers": 1, "batchSize": 1, "maxBatchDelay": 5,
                                             "responseTimeout": 60, "startupTimeout": 60})

@@ -317,3 +317,36 @@ def test_the_served_archives_hold_no_pickle(server):
     mars = sorted(store.glob("*.mar"))
     assert {m.name for m in mars} >= {"tiny.mar", "minilm.mar"}
     assert all(pickled_members(mar) == [] for mar in mars)
+
+
+def metric_samples(server) -> dict[tuple[str, str], float]:
+    """(metric name, labels) -> value, from the Prometheus endpoint."""
+    samples = {}
+    for line in requests.get(f"{server.url('metrics')}/metrics", timeout=30).text.splitlines():
+        if line.startswith("Embed") and 'ModelName="tiny"' in line:
+            name_labels, value = line.rsplit(" ", 1)
+            name, labels = name_labels.split("{", 1)
+            samples[(name, labels)] = float(value)
+    return samples
+
+
+def test_handler_metrics_reach_prometheus(server):
+    before = metric_samples(server)
+    responses = concurrently([lambda i=i: predict(server, {"input": [f"metric text {i}", "hello world"]})
+                              for i in range(6)] + [lambda: predict(server, {"input": []})])
+    assert [r.status_code for r in responses] == [200] * 6 + [400]
+    time.sleep(1)
+    after = metric_samples(server)
+
+    def grown(name, status=None):
+        keys = [k for k in after if k[0] == name and (status is None or f'Status="{status}"' in k[1])]
+        assert keys, f"{name} missing from /metrics"
+        return sum(after[k] - before.get(k, 0.0) for k in keys)
+
+    assert grown("EmbedRequests") == 7
+    assert grown("EmbedInputs") == 12
+    assert 1 <= grown("EmbedBatches") <= 7
+    assert grown("EmbedForwardPasses") >= 1
+    assert 0 < grown("EmbedRealTokens") <= grown("EmbedPaddedTokens")
+    assert grown("EmbedModelMs") > 0 and grown("EmbedPrepareMs") > 0 and grown("EmbedEncodeMs") > 0
+    assert grown("EmbedResponses", 200) == 6 and grown("EmbedResponses", 400) == 1
