@@ -1,0 +1,38 @@
+"""The shipped Prometheus scrape config and Grafana dashboard refer only to metrics that exist."""
+
+import json
+import re
+
+import yaml
+
+from archive.metrics_config import metrics_config
+from tests.conftest import REPO
+
+QUERY_FUNCTIONS = {"sum", "by", "rate"}
+
+
+def declared_metrics() -> set[str]:
+    config = metrics_config()
+    return {entry["name"] for section in ("ts_metrics", "model_metrics")
+            for entries in config[section].values() for entry in entries}
+
+
+def test_dashboard_queries_only_declared_metrics():
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "dashboard.json").read_text())
+    expressions = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(expressions) >= 6
+    used = set()
+    for expression in expressions:
+        without_labels = re.sub(r"\([A-Za-z_, ]*\)|\{[^}]*\}|\[[^\]]*\]", " ", expression)
+        used |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", without_labels)) - QUERY_FUNCTIONS
+    assert used and used <= declared_metrics(), used - declared_metrics()
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for topic in ("throughput", "latency", "batch fill", "padding efficiency", "status"):
+        assert topic in titles
+
+
+def test_scrape_config_targets_the_metrics_address():
+    scrape = yaml.safe_load((REPO / "deploy" / "prometheus.yml").read_text())
+    [job] = scrape["scrape_configs"]
+    metrics_port = re.search(r"metrics_address=http://127.0.0.1:(\d+)", (REPO / "config.properties").read_text())[1]
+    assert job["static_configs"][0]["targets"] == [f"127.0.0.1:{metrics_port}"]
