@@ -42,7 +42,7 @@ def calibrate(model_dir: Path, handler_section: dict) -> Calibration:
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": "float32", "cpu_threads": 0})
     engine = EmbeddingEngine.load(model_dir, settings, resolve_placement(settings, None, 1, False), "calibration")
     texts = mixed_corpus(model_dir / "tokenizer.json", CALIBRATION_TEXTS, seed=CALIBRATION_SEED)
-    ids = [engine.tokenizer.assemble(b, engine.max_length, "right").ids for b in engine.tokenizer.body_ids(texts)]
+    ids = engine.token_ids(texts)
     fp32 = engine.encoder.model
     reference = _embed(engine, fp32, ids)
 

@@ -23,17 +23,12 @@ def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingEngine:
     return engine
 
 
-def token_ids(engine: EmbeddingEngine, texts: Sequence[str]) -> list[list[int]]:
-    tokenizer = engine.tokenizer
-    return [tokenizer.assemble(body, engine.max_length, "right").ids for body in tokenizer.body_ids(texts)]
-
-
 def bench_engine(engine: EmbeddingEngine, texts: Sequence[str], repeats: int = 2) -> tuple[dict, np.ndarray]:
     """Tokenize and embed the whole corpus as one batch (the engine sorts and cuts it); best of repeats."""
     best, embedded = float("inf"), None
     for _ in range(repeats):
         started = time.perf_counter()
-        embedded = engine.encoder.embed(token_ids(engine, texts))
+        embedded = engine.encoder.embed(engine.token_ids(texts))
         best = min(best, time.perf_counter() - started)
     vectors = l2_normalize(embedded.vectors).numpy()
     return {

@@ -84,9 +84,12 @@ class EmbeddingEngine:
         return cls(tokenizer, encoder, settings, model_name=model_name, max_length=max_length,
                    prompts=description.prompts, default_prompt=default_prompt)
 
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
+        return [self.tokenizer.assemble(body, self.max_length, "right").ids for body in self.tokenizer.body_ids(texts)]
+
     def warmup(self) -> None:
-        ids = [self.tokenizer.assemble(self.tokenizer.body_ids([WARMUP_TEXT])[0], self.max_length, "right").ids]
-        if not torch.isfinite(self.encoder.embed(ids).vectors).all():
+        if not torch.isfinite(self.encoder.embed(self.token_ids([WARMUP_TEXT])).vectors).all():
             raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
 
     def info(self) -> dict[str, Any]:
@@ -210,7 +213,9 @@ class EmbeddingEngine:
         """Token ids without special tokens for each input, the prompt in front."""
         texts: dict[int, str] = {}
         bodies: list[list[int] | None] = []
-        prompt_ids = self.tokenizer.body_ids([prompt])[0] if prompt else []
+        # Token-id inputs get the prompt as ids; tokenized only when such an input is present.
+        prompt_ids = self.tokenizer.body_ids([prompt])[0] if prompt and not all(
+            isinstance(item, str) for item in request.inputs) else []
         for i, item in enumerate(request.inputs):
             if isinstance(item, str):
                 texts[i] = prompt + item
