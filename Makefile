@@ -46,6 +46,7 @@ stop:
 
 test: $(VENV)/.installed-test
 	@bash scripts/require_java.sh
+	@bash scripts/require_redis.sh
 	$(PY) -m pytest
 
 clean: stop

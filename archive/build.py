@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--export-path", type=Path, default=REPO / "model_store", help="where the .mar goes")
     p.add_argument("--config", type=Path, default=REPO / "config.properties", help="config.properties to update")
     p.add_argument("--skip-check", action="store_true", help="do not test-embed the model before packing")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other handler setting (repeatable), e.g. --set cache_entries=100000 "
+                        "--set redis_url=redis://127.0.0.1:6379/0")
     return p.parse_args(argv)
 
 
@@ -191,8 +194,20 @@ def render_model_config(args: argparse.Namespace, workers: int, model_id: str = 
     config["handler"].update(device=args.device, dtype=args.dtype, pooling=args.pooling,
                              normalize=not args.no_normalize, max_length=args.max_length,
                              model_id=model_id, revision=revision)
+    config["handler"].update(_parse_settings(args.settings))
     Settings.from_mapping(config["handler"])  # fail the build, not the worker, on a bad option
     return config
+
+
+def _parse_settings(pairs: list[str]) -> dict:
+    """--set KEY=VALUE pairs; each value is read as YAML, so numbers and booleans keep their type."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise BuildError(f"--set {pair!r}: expected KEY=VALUE")
+        settings[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return settings
 
 
 def check_embeds(model_dir: Path, handler_section: dict) -> None:

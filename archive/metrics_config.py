@@ -29,12 +29,12 @@ def torchserve_default_config() -> dict:
 
 def metrics_config() -> dict:
     config = torchserve_default_config()
-    counters = config.setdefault("model_metrics", {}).setdefault("counter", [])
-    declared = {entry["name"] for entry in counters}
+    sections = config.setdefault("model_metrics", {})
     for spec in ALL:
-        if spec.name not in declared:
-            counters.append({"name": spec.name, "unit": spec.unit,
-                             "dimensions": [*spec.dimensions, *TORCHSERVE_DIMENSIONS]})
+        entries = sections.setdefault(spec.kind, [])
+        if spec.name not in {entry["name"] for entry in entries}:
+            entries.append({"name": spec.name, "unit": spec.unit,
+                            "dimensions": [*spec.dimensions, *TORCHSERVE_DIMENSIONS]})
     return config
 
 

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from handler.batching import flatten
+from handler.cache import EmbeddingCache, open_cache
 from handler.codec import (
     ENCODING_FORMATS, EmbeddingRequest, Route, encode_embeddings, encode_error, encode_info, encode_tokens,
     parse_request,
@@ -59,7 +61,8 @@ class _Job:
 
 class EmbeddingEngine:
     def __init__(self, tokenizer: TextTokenizer, encoder: Encoder, settings: Settings, *, model_name: str,
-                 max_length: int, prompts: dict[str, str], default_prompt: str):
+                 max_length: int, prompts: dict[str, str], default_prompt: str,
+                 cache: EmbeddingCache | None = None):
         self.tokenizer = tokenizer
         self.encoder = encoder
         self.settings = settings
@@ -67,6 +70,7 @@ class EmbeddingEngine:
         self.max_length = max_length
         self.prompts = prompts
         self.default_prompt = default_prompt
+        self.cache = cache
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: Settings, placement: Placement, model_name: str) -> "EmbeddingEngine":
@@ -81,8 +85,11 @@ class EmbeddingEngine:
         max_length = resolve_max_length(settings.max_length, description.max_seq_length,
                                          tokenizer.model_max_length, encoder.max_positions)
         default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
+        dtype = "int8" if placement.int8_fp32_layers is not None else str(placement.dtype)
+        cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
+                           identity=f"{settings.revision}|{dtype}|{encoder.pooling}")
         return cls(tokenizer, encoder, settings, model_name=model_name, max_length=max_length,
-                   prompts=description.prompts, default_prompt=default_prompt)
+                   prompts=description.prompts, default_prompt=default_prompt, cache=cache)
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
@@ -113,6 +120,8 @@ class EmbeddingEngine:
             "max_tokens_per_request": self.settings.max_tokens_per_request,
             "max_batch_tokens": placement.max_batch_tokens,
             "max_batch_size": self.settings.max_batch_size,
+            "cache": {"memory_entries": self.settings.cache_entries if self.cache and self.cache.memory else 0,
+                      "redis": bool(self.cache and self.cache.redis)},
             "output_dtypes": list(OUTPUT_DTYPES),
             "encoding_formats": list(ENCODING_FORMATS),
         }
@@ -121,7 +130,7 @@ class EmbeddingEngine:
         return self.handle_with_report(raw_requests)[0]
 
     def handle_with_report(self, raw_requests: Sequence[RawRequest]) -> tuple[list[Response], BatchReport]:
-        report = BatchReport(requests=len(raw_requests))
+        report = BatchReport(requests=len(raw_requests), cache_enabled=self.cache is not None)
         clock = time.perf_counter()
         bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
         jobs: dict[int, _Job] = {}
@@ -145,13 +154,12 @@ class EmbeddingEngine:
 
         ids, spans = flatten([job.ids for job in jobs.values()])
         if ids:
-            embedded = self.encoder.embed(ids)
+            vectors = self._embed(ids, report) if self.cache is None else self._embed_cached(ids, report)
             report.model_ms, clock = _since(clock)
             for (index, job), span in zip(jobs.items(), spans):
-                bodies[index] = (200, self._encode(job, embedded.vectors[span]))
+                bodies[index] = (200, self._encode(job, vectors[span]))
             report.encode_ms, clock = _since(clock)
-            report.inputs, report.forward_passes = len(ids), embedded.passes
-            report.real_tokens, report.padded_tokens = embedded.real_tokens, embedded.padded_tokens
+            report.inputs = len(ids)
 
         headers = {"x-batch-size": str(len(raw_requests))}
         for status, _ in bodies:
@@ -159,6 +167,33 @@ class EmbeddingEngine:
         # Counts only: request text never reaches the logs.
         log.debug("batch: %s", report)
         return [Response(status, body, headers) for status, body in bodies], report
+
+    def _embed(self, ids: list[list[int]], report: BatchReport) -> torch.Tensor:
+        embedded = self.encoder.embed(ids)
+        report.forward_passes += embedded.passes
+        report.real_tokens += embedded.real_tokens
+        report.padded_tokens += embedded.padded_tokens
+        return embedded.vectors
+
+    def _embed_cached(self, ids: list[list[int]], report: BatchReport) -> torch.Tensor:
+        """Vectors from the cache where present; the model runs once per distinct missing input."""
+        cache = self.cache
+        keys = [cache.key(item) for item in ids]
+        lookup = cache.lookup(keys)
+        missing = {key: i for i, key in enumerate(keys) if key not in lookup.found}  # first index per key
+        computed: dict[bytes, np.ndarray] = {}
+        if missing:
+            fresh = self._embed([ids[i] for i in missing.values()], report).numpy()
+            computed = {key: row.copy() for key, row in zip(missing, fresh)}  # rows, not views of one block
+            report.cache_errors += cache.store(computed)
+        report.cache_errors += lookup.errors
+        for key in keys:
+            if key in lookup.found:
+                tier = "redis" if key in lookup.from_redis else "memory"
+                report.cache_hits[tier] = report.cache_hits.get(tier, 0) + 1
+            else:
+                report.cache_misses += 1
+        return torch.from_numpy(np.stack([lookup.found.get(key, computed.get(key)) for key in keys]))
 
     def _prepare(self, request: EmbeddingRequest) -> _Job:
         options = request.options

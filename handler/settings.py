@@ -60,6 +60,18 @@ class Settings:
     max_inputs_per_request: int = 4096
     max_input_chars: int = 100_000  # checked before tokenizing
     max_tokens_per_request: int = 1_048_576  # after truncation, prompts included
+    # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded
+    # also in memory ...
+    cache_entries: int = 0
+    cache_max_mb: int = 256
+    # ... and/or a Redis shared by workers and replicas ("": off; redis://, rediss:// or
+    # unix:// URL; the environment variable EMBEDSERVE_REDIS_URL overrides it). Entries expire
+    # after redis_ttl_s. A Redis call slower than redis_timeout_ms counts as a failure; after
+    # one, the worker serves uncached for redis_retry_s before trying Redis again.
+    redis_url: str = ""
+    redis_ttl_s: int = 86_400
+    redis_timeout_ms: int = 100
+    redis_retry_s: int = 10
     # What /info reports; written by the build.
     model_id: str = ""
     revision: str = ""
@@ -94,6 +106,22 @@ class Settings:
                 raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:
             raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
+        if self.cache_entries < 0:
+            raise SettingsError("cache_entries", "must be >= 0 (0 turns the in-process cache off)")
+        for key in ("cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
+            if getattr(self, key) < 1:
+                raise SettingsError(key, "must be >= 1")
+        if self.redis_retry_s < 0:
+            raise SettingsError("redis_retry_s", "must be >= 0")
+        check_redis_url("redis_url", self.redis_url)
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(key: str, url: str) -> None:
+    if url and not url.startswith(REDIS_SCHEMES):
+        raise SettingsError(key, f"must start with {', '.join(REDIS_SCHEMES)} (or be empty to turn Redis off)")
 
 
 def _require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:

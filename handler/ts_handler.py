@@ -24,6 +24,8 @@ from handler.settings import Settings
 
 log = logging.getLogger(__name__)
 
+METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGRAM}
+
 
 class EmbeddingHandler:
     def __init__(self) -> None:
@@ -72,7 +74,7 @@ def _record(context: Context, report: BatchReport) -> None:
         # A fresh list each call: TorchServe appends its default dimensions to the one given.
         dimensions = [Dimension(name, value) for name, value in zip(spec.dimensions, dimension_values)]
         context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,
-                                   metric_type=MetricTypes.COUNTER)
+                                   metric_type=METRIC_TYPES[spec.kind])
 
 
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:

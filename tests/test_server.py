@@ -319,15 +319,22 @@ def test_the_served_archives_hold_no_pickle(server):
     assert all(pickled_members(mar) == [] for mar in mars)
 
 
-def metric_samples(server) -> dict[tuple[str, str], float]:
-    """(metric name, labels) -> value, from the Prometheus endpoint."""
+def metric_samples(server, model="tiny") -> dict[tuple[str, str], float]:
+    """(metric name, labels) -> value of the handler's metrics for `model`, from the Prometheus endpoint."""
     samples = {}
     for line in requests.get(f"{server.url('metrics')}/metrics", timeout=30).text.splitlines():
-        if line.startswith("Embed") and 'ModelName="tiny"' in line:
+        if line.startswith("Embed") and f'ModelName="{model}"' in line:
             name_labels, value = line.rsplit(" ", 1)
             name, labels = name_labels.split("{", 1)
             samples[(name, labels)] = float(value)
     return samples
+
+
+def metric_growth(before, after, name, label=""):
+    """How much the samples of `name` whose labels contain `label` grew."""
+    keys = [k for k in after if k[0] == name and label in k[1]]
+    assert keys, f"{name} missing from /metrics"
+    return sum(after[k] - before.get(k, 0.0) for k in keys)
 
 
 def test_handler_metrics_reach_prometheus(server):
@@ -338,10 +345,8 @@ def test_handler_metrics_reach_prometheus(server):
     time.sleep(1)
     after = metric_samples(server)
 
-    def grown(name, status=None):
-        keys = [k for k in after if k[0] == name and (status is None or f'Status="{status}"' in k[1])]
-        assert keys, f"{name} missing from /metrics"
-        return sum(after[k] - before.get(k, 0.0) for k in keys)
+    def grown(name, label=""):
+        return metric_growth(before, after, name, label)
 
     assert grown("EmbedRequests") == 7
     assert grown("EmbedInputs") == 12
@@ -349,4 +354,6 @@ def test_handler_metrics_reach_prometheus(server):
     assert grown("EmbedForwardPasses") >= 1
     assert 0 < grown("EmbedRealTokens") <= grown("EmbedPaddedTokens")
     assert grown("EmbedModelMs") > 0 and grown("EmbedPrepareMs") > 0 and grown("EmbedEncodeMs") > 0
-    assert grown("EmbedResponses", 200) == 6 and grown("EmbedResponses", 400) == 1
+    assert grown("EmbedBatchSeconds_count") == grown("EmbedBatches") and grown("EmbedBatchSeconds_sum") > 0
+    assert grown("EmbedBatchSeconds_bucket", 'le="+Inf"') == grown("EmbedBatches")
+    assert grown("EmbedResponses", 'Status="200"') == 6 and grown("EmbedResponses", 'Status="400"') == 1
