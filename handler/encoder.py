@@ -2,6 +2,11 @@
 
 `embed` takes token ids in any order and returns pooled float32 vectors in the same order;
 internally it sorts by length and cuts forward passes under a padded-token budget.
+
+Memory: a forward pass that runs out of memory (CUDA OOM, or MemoryError on a CPU) is split in
+two and retried, down to single inputs; only an input that does not fit alone fails, and the
+caller answers its request alone with 507. Any other CUDA error may have poisoned the process's
+CUDA context, so it is raised as DeviceFailure for the worker to exit and be replaced.
 """
 
 from __future__ import annotations
@@ -85,6 +90,47 @@ class Embedded:
     real_tokens: int
     padded_tokens: int  # what the forward passes computed; real / padded is the padding efficiency
     passes: int
+    too_large: frozenset[int] = frozenset()  # items that ran out of memory alone (their rows are zeros)
+
+
+class DeviceFailure(RuntimeError):
+    """A CUDA error other than out-of-memory: the device state can no longer be trusted."""
+
+
+FAULTS_ENV = "EMBEDSERVE_TEST_FAULTS"
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Failures the tests provoke in a real worker, enabled only through EMBEDSERVE_TEST_FAULTS,
+    e.g. "oom_above_tokens=64,device_error_token=7": a pass over 64 padded tokens raises
+    MemoryError; a pass holding token id 7 raises a CUDA-style device error."""
+    oom_above_tokens: int = 0
+    device_error_token: int = -1
+
+    @classmethod
+    def from_env(cls) -> "FaultInjection | None":
+        spec = os.environ.get(FAULTS_ENV, "")
+        if not spec:
+            return None
+        values = dict(item.split("=", 1) for item in spec.split(","))
+        log.warning("%s is set: failures will be injected (%s); never set it in production", FAULTS_ENV, spec)
+        return cls(**{key: int(value) for key, value in values.items()})
+
+    def check(self, ids: torch.Tensor) -> None:
+        if self.oom_above_tokens and ids.numel() > self.oom_above_tokens:
+            raise MemoryError(f"injected: {ids.numel()} padded tokens > {self.oom_above_tokens}")
+        if self.device_error_token >= 0 and bool((ids == self.device_error_token).any()):
+            raise RuntimeError("CUDA error: device-side assert triggered (injected)")
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError))
+
+
+def _is_device_failure(err: BaseException) -> bool:
+    text = str(err)
+    return "CUDA error" in text or "device-side assert" in text or type(err).__name__ == "AcceleratorError"
 
 
 class Encoder:
@@ -105,6 +151,7 @@ class Encoder:
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
         self.model = self._load_model()
+        self.faults = FaultInjection.from_env()
         self.dimension = int(self.model.config.hidden_size)
         # None when the architecture has no absolute positions (rotary models).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
@@ -124,17 +171,46 @@ class Encoder:
     def embed(self, token_ids: Sequence[Sequence[int]]) -> Embedded:
         """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order."""
         lengths = [len(ids) for ids in token_ids]
-        out = torch.empty((len(token_ids), self.dimension), dtype=torch.float32)
-        plan = plan_sub_batches(lengths, self.placement.max_batch_tokens, self.max_batch_size,
-                                self.placement.pad_multiple)
-        padded = 0
+        out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32)
+        pending = plan_sub_batches(lengths, self.placement.max_batch_tokens, self.max_batch_size,
+                                   self.placement.pad_multiple)
+        padded = passes = 0
+        too_large: set[int] = set()
         with torch.inference_mode():
-            for indices in plan:
+            while pending:
+                indices = pending.pop(0)
                 ids, mask = self._pad([token_ids[i] for i in indices])
+                try:
+                    out[indices] = self._forward(ids, mask)
+                except Exception as err:
+                    if not _is_out_of_memory(err):
+                        if _is_device_failure(err):
+                            raise DeviceFailure(str(err)) from err
+                        raise
+                    del ids, mask  # free this pass's inputs before retrying smaller
+                    self._release_memory()
+                    if len(indices) == 1:
+                        too_large.add(indices[0])
+                    else:
+                        half = len(indices) // 2
+                        log.warning("forward pass of %d inputs ran out of memory; retrying as %d + %d",
+                                    len(indices), half, len(indices) - half)
+                        pending[:0] = [indices[:half], indices[half:]]
+                    continue
                 padded += ids.numel()
-                hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)
-                out[indices] = pool(hidden, mask, self.pooling).cpu()
-        return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=len(plan))
+                passes += 1
+        return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
+                        too_large=frozenset(too_large))
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.faults is not None:
+            self.faults.check(ids)
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)
+        return pool(hidden, mask, self.pooling).cpu()
+
+    def _release_memory(self) -> None:
+        if self.placement.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _pad(self, rows: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad to the longest row, rounded up to the placement's multiple."""

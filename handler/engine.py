@@ -24,7 +24,7 @@ from handler.codec import (
     parse_request,
 )
 from handler.encoder import Encoder, Placement, resolve_max_length
-from handler.errors import RequestError, too_large, unprocessable
+from handler.errors import RequestError, out_of_memory, too_large, unavailable, unprocessable
 from handler.metrics import BatchReport
 from handler.model_files import describe_model
 from handler.pooling import l2_normalize
@@ -148,16 +148,19 @@ class EmbeddingEngine:
                 else:
                     jobs[index] = self._prepare(request)
             except RequestError as err:
-                err.tei = request.route.tei  # TEI routes answer in TEI's shape and statuses
-                bodies[index] = (err.http_status, encode_error(err))
+                bodies[index] = _error_body(err, request.route)
         report.prepare_ms, clock = _since(clock)
 
         ids, spans = flatten([job.ids for job in jobs.values()])
         if ids:
-            vectors = self._embed(ids, report) if self.cache is None else self._embed_cached(ids, report)
+            vectors, too_large = self._embed(ids, report) if self.cache is None else self._embed_cached(ids, report)
             report.model_ms, clock = _since(clock)
             for (index, job), span in zip(jobs.items(), spans):
-                bodies[index] = (200, self._encode(job, vectors[span]))
+                failed = [i - span.start for i in range(span.start, span.stop) if i in too_large]
+                if failed:
+                    bodies[index] = _error_body(_does_not_fit(job, failed[0]), job.request.route)
+                else:
+                    bodies[index] = (200, self._encode(job, vectors[span]))
             report.encode_ms, clock = _since(clock)
             report.inputs = len(ids)
 
@@ -168,23 +171,34 @@ class EmbeddingEngine:
         log.debug("batch: %s", report)
         return [Response(status, body, headers) for status, body in bodies], report
 
-    def _embed(self, ids: list[list[int]], report: BatchReport) -> torch.Tensor:
+    def unavailable(self, raw_requests: Sequence[RawRequest], reason: str) -> list[Response]:
+        """503 for every request: what a worker answers after its device failed."""
+        body = encode_error(unavailable(f"{reason}; this worker is being replaced, retry the request"))
+        return [Response(503, body, {"retry-after": "1"}) for _ in raw_requests]
+
+    def _embed(self, ids: list[list[int]], report: BatchReport) -> tuple[torch.Tensor, frozenset[int]]:
+        """Vectors in input order, and the inputs that did not fit in memory even alone."""
         embedded = self.encoder.embed(ids)
         report.forward_passes += embedded.passes
         report.real_tokens += embedded.real_tokens
         report.padded_tokens += embedded.padded_tokens
-        return embedded.vectors
+        return embedded.vectors, embedded.too_large
 
-    def _embed_cached(self, ids: list[list[int]], report: BatchReport) -> torch.Tensor:
+    def _embed_cached(self, ids: list[list[int]], report: BatchReport) -> tuple[torch.Tensor, frozenset[int]]:
         """Vectors from the cache where present; the model runs once per distinct missing input."""
         cache = self.cache
         keys = [cache.key(item) for item in ids]
         lookup = cache.lookup(keys)
         missing = {key: i for i, key in enumerate(keys) if key not in lookup.found}  # first index per key
         computed: dict[bytes, np.ndarray] = {}
+        failed_keys: set[bytes] = set()
         if missing:
-            fresh = self._embed([ids[i] for i in missing.values()], report).numpy()
-            computed = {key: row.copy() for key, row in zip(missing, fresh)}  # rows, not views of one block
+            fresh, too_large = self._embed([ids[i] for i in missing.values()], report)
+            for position, (key, row) in enumerate(zip(missing, fresh.numpy())):
+                if position in too_large:
+                    failed_keys.add(key)
+                else:
+                    computed[key] = row.copy()  # rows, not views of one block
             report.cache_errors += cache.store(computed)
         report.cache_errors += lookup.errors
         for key in keys:
@@ -193,7 +207,9 @@ class EmbeddingEngine:
                 report.cache_hits[tier] = report.cache_hits.get(tier, 0) + 1
             else:
                 report.cache_misses += 1
-        return torch.from_numpy(np.stack([lookup.found.get(key, computed.get(key)) for key in keys]))
+        zeros = np.zeros(self.encoder.dimension, dtype=np.float32)
+        rows = [lookup.found.get(key, computed.get(key, zeros)) for key in keys]
+        return torch.from_numpy(np.stack(rows)), frozenset(i for i, key in enumerate(keys) if key in failed_keys)
 
     def _prepare(self, request: EmbeddingRequest) -> _Job:
         options = request.options
@@ -281,6 +297,17 @@ class EmbeddingEngine:
             vectors = l2_normalize(vectors)
         return encode_embeddings(job.request, quantize(vectors.numpy(), options.output_dtype),
                                  model_name=self.model_name, prompt_tokens=sum(len(ids) for ids in job.ids))
+
+
+def _does_not_fit(job: _Job, item: int) -> RequestError:
+    return out_of_memory(
+        f"'{job.request.field}[{item}]' ({len(job.ids[item])} tokens) does not fit in memory even alone; "
+        "send it shorter or lower max_length", param=f"{job.request.field}[{item}]")
+
+
+def _error_body(err: RequestError, route: Route) -> tuple[int, bytes]:
+    err.tei = route.tei  # TEI routes answer in TEI's shape and statuses
+    return err.http_status, encode_error(err)
 
 
 def _since(clock: float) -> tuple[float, float]:

@@ -6,6 +6,8 @@ Statuses, the same on every route except where noted:
   413  over a size limit: inputs per request, characters per input, tokens
   422  valid JSON that cannot be processed (unknown prompt, dimensions out of range, token ids
        outside the vocabulary, ...) on the TEI routes, as TEI answers; 400 on the others
+  503  the worker's device failed; the worker is being replaced, so a retry succeeds
+  507  an input that does not fit in memory even alone (a larger batch is split and retried)
 """
 
 from __future__ import annotations
@@ -57,3 +59,11 @@ def too_large(message: str, param: str | None = None) -> RequestError:
 
 def not_found(message: str) -> RequestError:
     return RequestError(404, message, code="not_found")
+
+
+def out_of_memory(message: str, param: str | None = None) -> RequestError:
+    return RequestError(507, message, param=param, code="out_of_memory", tei_type="Backend")
+
+
+def unavailable(message: str) -> RequestError:
+    return RequestError(503, message, code="unavailable", tei_type="Unhealthy")

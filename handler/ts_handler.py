@@ -7,6 +7,8 @@ moves each request's body and headers in and each response's status, headers and
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from http import HTTPStatus
 from pathlib import Path
@@ -17,12 +19,16 @@ from ts.context import Context
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
-from handler.encoder import resolve_placement
-from handler.engine import EmbeddingEngine, RawRequest
+from handler.encoder import DeviceFailure, resolve_placement
+from handler.engine import EmbeddingEngine, RawRequest, Response
 from handler.metrics import BatchReport, measurements
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# After a device failure the worker answers its batch, then exits this long after, so that the
+# answers leave first and TorchServe starts a fresh worker (a fresh CUDA context).
+EXIT_AFTER_DEVICE_FAILURE_S = 0.5
 
 METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGRAM}
 
@@ -31,6 +37,7 @@ class EmbeddingHandler:
     def __init__(self) -> None:
         self.engine: EmbeddingEngine | None = None
         self.initialized = False
+        self.device_failure: str | None = None
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
@@ -57,8 +64,22 @@ class EmbeddingHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
-        responses, report = self.engine.handle_with_report(raw)
+        if self.device_failure is None:
+            try:
+                responses, report = self.engine.handle_with_report(raw)
+            except DeviceFailure as err:
+                self.device_failure = "the worker's device failed"
+                log.critical("device failure (%s); this worker exits and TorchServe replaces it", err)
+                threading.Timer(EXIT_AFTER_DEVICE_FAILURE_S, os._exit, args=(3,)).start()
+        if self.device_failure is not None:
+            responses = self.engine.unavailable(raw, self.device_failure)
+            report = BatchReport(requests=len(raw), statuses={503: len(raw)})
         _record(context, report)
+        self._reply(responses, context)
+        return [response.body for response in responses]
+
+    @staticmethod
+    def _reply(responses: list[Response], context: Context) -> None:
         for idx, response in enumerate(responses):
             context.set_response_content_type(idx, "application/json")
             if response.status != 200:
@@ -66,7 +87,6 @@ class EmbeddingHandler:
                 context.set_response_status(response.status, HTTPStatus(response.status).phrase, idx)
             for key, value in response.headers.items():
                 context.set_response_header(idx, key, value)
-        return [response.body for response in responses]
 
 
 def _record(context: Context, report: BatchReport) -> None:

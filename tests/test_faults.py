@@ -1,0 +1,159 @@
+"""Out-of-memory and device failures, provoked through the test-only fault hook: in-process, and
+in a real TorchServe worker started with EMBEDSERVE_TEST_FAULTS."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from handler.encoder import FAULTS_ENV, DeviceFailure, FaultInjection
+from handler.engine import RawRequest
+from scripts.serverctl import TorchServe
+from tests.conftest import build, make_engine, make_server_config
+from tests.test_engine import TEXTS
+from tests.test_server import concurrently, predict, vectors
+
+# The tiny model truncates at 48 tokens. Passes over 40 padded tokens "run out of memory": short
+# texts fit after splitting, a 48-token input never fits, even alone.
+OOM_ABOVE = 40
+LONG = TEXTS[3]
+SHORT = ["hello world", "the cat sat on the mat", "one two three", "a", "b c d", "hello", "cat mat", "world"]
+POISON_TOKEN = 7
+
+
+@pytest.fixture()
+def faulty_engine(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=4096)
+    engine.encoder.faults = FaultInjection(oom_above_tokens=OOM_ABOVE, device_error_token=POISON_TOKEN)
+    return engine
+
+
+def answers(engine, bodies, url_path=""):
+    responses, report = engine.handle_with_report([RawRequest(json.dumps(b).encode(), None, url_path) for b in bodies])
+    return [(r.status, json.loads(r.body)) for r in responses], report
+
+
+def matrix(body):
+    return np.array([d["embedding"] for d in body["data"]])
+
+
+def test_an_out_of_memory_pass_is_split_and_retried(faulty_engine, tiny_engine):
+    [(status, body)], report = answers(faulty_engine, [{"input": SHORT}])
+    assert status == 200
+    assert report.forward_passes > 1 and report.padded_tokens <= report.forward_passes * OOM_ABOVE
+    [(_, expected)], _ = answers(tiny_engine, [{"input": SHORT}])
+    np.testing.assert_allclose(matrix(body), matrix(expected), atol=1e-5)
+
+
+def test_only_an_input_that_cannot_fit_alone_fails_with_507(faulty_engine, tiny_engine):
+    bodies = [{"input": SHORT[:3]}, {"input": [SHORT[3], LONG]}, {"input": SHORT[4:]}]
+    results, report = answers(faulty_engine, bodies)
+    assert [status for status, _ in results] == [200, 507, 200]
+    error = results[1][1]["error"]
+    assert error["param"] == "input[1]" and error["code"] == "out_of_memory" and "48 tokens" in error["message"]
+    for (_, body), request in zip([results[0], results[2]], [bodies[0], bodies[2]]):
+        [(_, expected)], _ = answers(tiny_engine, [request])
+        np.testing.assert_allclose(matrix(body), matrix(expected), atol=1e-5)
+    assert report.statuses == {200: 2, 507: 1}
+
+    [(status, body)], _ = answers(faulty_engine, [{"inputs": [LONG]}], url_path="embed")
+    assert status == 507 and body["error_type"] == "Backend"
+
+
+def test_an_input_that_cannot_fit_is_not_cached(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=4096, cache_entries=100)
+    engine.encoder.faults = FaultInjection(oom_above_tokens=OOM_ABOVE)
+    for _ in range(2):
+        [(status, _)], report = answers(engine, [{"input": [LONG, "hello world"]}])
+        assert status == 507
+    assert report.cache_hits == {"memory": 1} and report.cache_misses == 1
+
+
+def test_a_device_error_is_raised_as_device_failure(faulty_engine):
+    with pytest.raises(DeviceFailure, match="device-side assert"):
+        answers(faulty_engine, [{"input": "fine"}, {"input": [[5, POISON_TOKEN, 9]]}])
+
+
+def test_other_errors_are_not_mistaken_for_device_failures(faulty_engine):
+    class Buggy:
+        def check(self, ids):
+            raise ValueError("a bug")
+
+    faulty_engine.encoder.faults = Buggy()
+    with pytest.raises(ValueError, match="a bug"):
+        answers(faulty_engine, [{"input": "x"}])
+
+
+def test_faults_come_only_from_the_environment(monkeypatch):
+    monkeypatch.delenv(FAULTS_ENV, raising=False)
+    assert FaultInjection.from_env() is None
+    monkeypatch.setenv(FAULTS_ENV, "oom_above_tokens=40,device_error_token=7")
+    assert FaultInjection.from_env() == FaultInjection(oom_above_tokens=40, device_error_token=7)
+
+
+# Through the real TorchServe.
+
+@pytest.fixture(scope="module")
+def faulty_server(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("faults")
+    config = make_server_config(root)
+    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
+          "--batch-size", "8", "--max-batch-delay", "150", "--set", "max_batch_tokens=4096")
+    ts = TorchServe(config, root)
+    os.environ[FAULTS_ENV] = f"oom_above_tokens={OOM_ABOVE},device_error_token={POISON_TOKEN}"
+    try:
+        ts.start()  # the server and its workers inherit the environment
+    finally:
+        del os.environ[FAULTS_ENV]
+    try:
+        ts.wait_ready(timeout=300)
+        yield ts
+    finally:
+        ts.stop()
+
+
+def worker(server):
+    headers = server.auth("management")
+    [model] = requests.get(f"{server.url('management')}/models/tiny", headers=headers, timeout=30).json()
+    [only] = model["workers"]
+    return only
+
+
+@pytest.mark.integration
+def test_out_of_memory_through_torchserve(faulty_server, tiny_engine):
+    before = worker(faulty_server)
+    bodies = [{"input": SHORT}, {"input": ["hello", LONG]}, {"input": SHORT[:2]}]
+    responses = concurrently([lambda b=b: predict(faulty_server, b) for b in bodies])
+    assert [r.status_code for r in responses] == [200, 507, 200]
+    assert responses[1].json()["error"]["param"] == "input[1]"
+    for response, body in zip([responses[0], responses[2]], [bodies[0], bodies[2]]):
+        [(_, expected)], _ = answers(tiny_engine, [body])
+        np.testing.assert_allclose(vectors(response), matrix(expected), atol=1e-5)
+    after = worker(faulty_server)
+    assert (after["pid"], after["startTime"]) == (before["pid"], before["startTime"])  # no restart
+
+
+@pytest.mark.integration
+def test_a_device_failure_replaces_the_worker(faulty_server):
+    before = worker(faulty_server)
+    bodies = [{"input": "an innocent neighbour"}, {"input": [[5, POISON_TOKEN, 9]]}]
+    responses = concurrently([lambda b=b: predict(faulty_server, b) for b in bodies])
+    # The poisoned batch is answered (503, retryable, JSON) before the worker exits; the
+    # neighbour shares its fate when it shares its batch.
+    assert responses[1].status_code == 503 and responses[1].json()["error"]["code"] == "unavailable"
+    assert responses[0].status_code in (200, 503)
+
+    failed_at = time.monotonic()
+    while time.monotonic() - failed_at < 120:
+        current = worker(faulty_server)
+        if current["pid"] != before["pid"] and current["status"] == "READY":
+            response = predict(faulty_server, {"input": "after the restart"})
+            if response.status_code == 200:
+                break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the worker was not replaced: {worker(faulty_server)}")
+    assert len(vectors(response)) == 1
