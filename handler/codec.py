@@ -112,7 +112,7 @@ def decode_body(body: Any, content_type: str | None) -> Any:
             param="body",
         )
     if isinstance(body, (dict, list)):  # TorchServe already parsed the JSON
-        return body
+        return _without_surrogates(body)
     if isinstance(body, (bytes, bytearray)):
         try:
             body = bytes(body).decode("utf-8")
@@ -123,7 +123,7 @@ def decode_body(body: Any, content_type: str | None) -> Any:
     if (content_type or "").lower().startswith("text/"):
         return body
     try:
-        return json.loads(body)
+        return _without_surrogates(json.loads(body))
     except json.JSONDecodeError as err:
         raise malformed(
             f"request body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); "
@@ -132,6 +132,27 @@ def decode_body(body: Any, content_type: str | None) -> Any:
         ) from None
     except RecursionError:
         raise malformed("request body is nested too deeply", param="body") from None
+
+
+def _without_surrogates(value: Any) -> Any:
+    """JSON may escape unpaired UTF-16 surrogates ("\\ud800"), which are not text: no tokenizer or
+    encoder takes them. Refuse them, naming where, instead of failing later."""
+    stack = [(value, "body")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise malformed(f"'{path}' holds an unpaired UTF-16 surrogate at character {err.start}, "
+                                "which is not valid Unicode text", param=path) from None
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, path))
+                stack.append((child, key if path == "body" else f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return value
 
 
 def _parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,7 +25,7 @@ from handler.codec import (
     parse_request,
 )
 from handler.encoder import Encoder, Placement, resolve_max_length
-from handler.errors import RequestError, out_of_memory, too_large, unavailable, unprocessable
+from handler.errors import RequestError, internal_error, out_of_memory, too_large, unavailable, unprocessable
 from handler.metrics import BatchReport
 from handler.model_files import describe_model
 from handler.pooling import l2_normalize
@@ -135,12 +136,9 @@ class EmbeddingEngine:
         bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
         jobs: dict[int, _Job] = {}
         for index, raw in enumerate(raw_requests):
+            request = None
             try:
                 request = parse_request(raw.body, raw.content_type, raw.url_path)
-            except RequestError as err:
-                bodies[index] = (err.http_status, encode_error(err))
-                continue
-            try:
                 if request.route is Route.TEI_INFO:
                     bodies[index] = (200, encode_info(self.info()))
                 elif request.route is Route.TEI_TOKENIZE:
@@ -148,7 +146,13 @@ class EmbeddingEngine:
                 else:
                     jobs[index] = self._prepare(request)
             except RequestError as err:
-                bodies[index] = _error_body(err, request.route)
+                bodies[index] = _error_body(err, request.route) if request else (err.http_status, encode_error(err))
+            except Exception as err:  # a bug met by one request must not fail its batch
+                # The frames and the type, not the message, which may quote request text.
+                log.error("request %d of the batch failed unexpectedly (%s):\n%s", index, type(err).__name__,
+                          "".join(traceback.format_tb(err.__traceback__)))
+                failure = internal_error()
+                bodies[index] = _error_body(failure, request.route) if request else (500, encode_error(failure))
         report.prepare_ms, clock = _since(clock)
 
         ids, spans = flatten([job.ids for job in jobs.values()])

@@ -155,3 +155,28 @@ def test_int8_mode_quantizes_all_but_the_kept_layers(tiny_model_dir):
 def test_int8_refuses_unknown_layers(tiny_model_dir):
     with pytest.raises(ValueError, match="no such Linear layer"):
         make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=["encoder.layer.9.nope"])
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'{"input": ["fine", "a\\ud800b"]}', "input[1]"),
+    (b'{"input": "x", "prompt_name": "\\udfff"}', "prompt_name"),
+    (b'{"input": "x", "\\ud800": 1}', "body"),
+])
+def test_unpaired_surrogates_are_refused_naming_where(tiny_engine, body, param):
+    [response] = tiny_engine.handle([RawRequest(body, "application/json", "")])
+    assert response.status == 400 and json.loads(response.body)["error"]["param"] == param
+    assert embed(tiny_engine, {"input": "\U0001f600 paired surrogates are fine"})["data"]
+
+
+def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatch):
+    engine = make_engine(tiny_model_dir)
+
+    def broken(texts, add_special_tokens):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(engine.tokenizer, "tokens", broken)
+    responses = engine.handle([RawRequest(b'{"inputs": "x"}', "application/json", "tokenize"),
+                               RawRequest(b'{"input": "y"}', "application/json", "")])
+    assert [r.status for r in responses] == [500, 200]
+    assert json.loads(responses[0].body) == {"error": "the server failed to prepare this request; the failure is "
+                                                      "logged", "error_type": "Backend"}
