@@ -5,13 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 
-.PHONY: serve stop test bench mar clean help
+.PHONY: serve stop test bench loadtest mar clean help
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
 	@echo "make stop   - stop TorchServe"
 	@echo "make test   - install the test extras and run the whole suite"
 	@echo "make bench  - benchmark against sentence-transformers; results in bench/results/"
+	@echo "make loadtest - Locust load test of every route (starts the server if needed); report in bench/results/"
 	@echo "make mar    - (re)build the default model archive"
 	@echo "make clean  - remove the virtual environment, archives and logs"
 
@@ -33,6 +34,10 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 bench: $(VENV)/.installed-bench
 	@bash scripts/require_java.sh
 	$(PY) -m bench.run
+
+loadtest: $(VENV)/.installed-bench $(MAR)
+	@bash scripts/require_java.sh
+	$(PY) -m scripts.loadtest $(LOADTEST_ARGS)
 
 mar: $(VENV)/.installed
 	./build_mar.sh

@@ -107,7 +107,7 @@ class TorchServe:
     def wait_ready(self, timeout: float = 600.0, progress: bool = False) -> None:
         """Return once every configured model answers a real embedding request."""
         deadline = time.monotonic() + timeout
-        pending = {name: _default_version(versions) for name, versions in self.models.items()}
+        pending = {name: default_version(versions) for name, versions in self.models.items()}
         time.sleep(1.0)  # the launcher writes the pid file a moment after it returns
         while pending:
             if self.pid() is None:
@@ -119,7 +119,7 @@ class TorchServe:
                     f"{self._log_tail('model_log.log', only_errors=True)}"
                 )
             for name in list(pending):
-                if self._embeds(name):
+                if self.embeds(name):
                     pending.pop(name)
                     if progress:
                         print(f"model {name} is ready", file=sys.stderr)
@@ -128,7 +128,7 @@ class TorchServe:
             if pending:
                 time.sleep(1.0)
 
-    def _embeds(self, model: str) -> bool:
+    def embeds(self, model: str) -> bool:
         try:
             response = requests.post(
                 f"{self.url('inference')}/predictions/{model}",
@@ -181,7 +181,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _default_version(versions: dict) -> str:
+def default_version(versions: dict) -> str:
     return next((v for v, entry in versions.items() if entry.get("defaultVersion")), next(iter(versions)))
 
 
@@ -230,7 +230,7 @@ def isolated_config(root: Path, base: Path, **properties: str) -> Path:
 
 def usage_text(server: TorchServe) -> str:
     name = next(iter(server.models))
-    version = _default_version(server.models[name])
+    version = default_version(server.models[name])
     key = server.keys()["inference"]
     base = server.url("inference")
     return f"""
