@@ -23,6 +23,7 @@ from transformers import AutoModel
 from transformers.utils import logging as transformers_logging
 
 from handler.batching import padded_length, plan_sub_batches
+from handler.cuda_graphs import Bucket, GraphRunner, ladder
 from handler.model_files import ModelFilesError
 from handler.pooling import POOLING_MODES, pool
 from handler.settings import Settings
@@ -54,6 +55,10 @@ class Placement:
     pad_multiple: int
     # Under int8: the Linear layers kept in float32 (the rest are quantized). None: no int8.
     int8_fp32_layers: tuple[str, ...] | None = None
+    # CUDA graph buckets to capture, largest first (empty: eager only), and their memory cap.
+    cuda_graph_buckets: tuple[Bucket, ...] = ()
+    cuda_graph_max_bytes: int = 0
+    compile: bool = False
 
 
 def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool) -> Placement:
@@ -75,13 +80,34 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
     if not on_gpu and dtype == torch.float16:
         raise ValueError("handler setting 'dtype': float16 is not supported on CPU; use float32 or bfloat16")
     # Workers are separate processes; split the cores between them instead of oversubscribing.
-    threads = 0 if on_gpu else settings.cpu_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+    threads = 0 if on_gpu else settings.cpu_threads or max(1, available_cpus() // max(1, workers))
+    max_batch_tokens = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
+    if settings.cuda_graphs and not on_gpu:
+        log.warning("handler setting 'cuda_graphs' needs a CUDA device; this %s worker runs eagerly", device)
+    buckets = ladder(settings.cuda_graph_batches, settings.cuda_graph_lengths, max_batch_tokens) \
+        if settings.cuda_graphs and on_gpu else []
     return Placement(
         device, dtype, threads,
-        max_batch_tokens=settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS),
+        max_batch_tokens=max_batch_tokens,
         pad_multiple=GPU_PAD_MULTIPLE if on_gpu else 1,
         int8_fp32_layers=settings.int8_fp32_layers if int8 else None,
+        cuda_graph_buckets=tuple(buckets),
+        cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
+        compile=settings.compile,
     )
+
+
+def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU limit (a
+    container's limit is not its host's core count)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = cgroup_cpu_max.read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit
+    return cpus
 
 
 @dataclass(frozen=True)
@@ -153,6 +179,12 @@ class Encoder:
         self.model = self._load_model()
         self.faults = FaultInjection.from_env()
         self.dimension = int(self.model.config.hidden_size)
+        self.graphs: GraphRunner | None = None
+        if placement.cuda_graph_buckets:
+            with torch.inference_mode():
+                self.graphs = GraphRunner.capture(self._pooled, placement.cuda_graph_buckets, pad_id=pad_id,
+                                                  device=placement.device,
+                                                  max_bytes=placement.cuda_graph_max_bytes)
         # None when the architecture has no absolute positions (rotary models).
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
 
@@ -166,6 +198,8 @@ class Encoder:
         model = model.to(self.placement.device).eval()
         if self.placement.int8_fp32_layers is not None:
             model = quantize_int8(model, keep_fp32=self.placement.int8_fp32_layers)
+        if self.placement.compile:
+            model = torch.compile(model, dynamic=True)
         return model
 
     def embed(self, token_ids: Sequence[Sequence[int]]) -> Embedded:
@@ -205,8 +239,13 @@ class Encoder:
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.faults is not None:
             self.faults.check(ids)
+        if self.graphs is not None:
+            return self.graphs.run(ids, mask, self._pooled).cpu()  # .cpu() copies out of the static buffer
+        return self._pooled(ids, mask).cpu()
+
+    def _pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)
-        return pool(hidden, mask, self.pooling).cpu()
+        return pool(hidden, mask, self.pooling)  # (batch, hidden)
 
     def _release_memory(self) -> None:
         if self.placement.device.type == "cuda":

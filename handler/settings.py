@@ -60,6 +60,15 @@ class Settings:
     max_inputs_per_request: int = 4096
     max_input_chars: int = 100_000  # checked before tokenizing
     max_tokens_per_request: int = 1_048_576  # after truncation, prompts included
+    # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
+    # (pairs over max_batch_tokens are skipped) and replay it for passes that fit a bucket;
+    # capture stops once the graphs hold cuda_graph_max_mb. Ignored on a CPU.
+    cuda_graphs: bool = False
+    cuda_graph_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    cuda_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    cuda_graph_max_mb: int = 2048
+    # torch.compile the model (dynamic shapes); start-up takes longer.
+    compile: bool = False
     # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded
     # also in memory ...
     cache_entries: int = 0
@@ -106,6 +115,13 @@ class Settings:
                 raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:
             raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
+        if not all(isinstance(name, str) for name in self.int8_fp32_layers):
+            raise SettingsError("int8_fp32_layers", "must be a list of layer names")
+        for key in ("cuda_graph_batches", "cuda_graph_lengths"):
+            if not getattr(self, key) or any(not isinstance(v, int) or v < 1 for v in getattr(self, key)):
+                raise SettingsError(key, "must be a non-empty list of positive integers")
+        if self.cuda_graph_max_mb < 1:
+            raise SettingsError("cuda_graph_max_mb", "must be >= 1")
         if self.cache_entries < 0:
             raise SettingsError("cache_entries", "must be >= 0 (0 turns the in-process cache off)")
         for key in ("cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
@@ -137,10 +153,11 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
         raise SettingsError(key, f"expected true or false, got {value!r}")
-    if kind is tuple:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    if kind is tuple:  # a list of strings, or of integers
+        if isinstance(value, (list, tuple)) and (all(isinstance(v, str) for v in value) or all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value)):
             return tuple(value)
-        raise SettingsError(key, f"expected a list of strings, got {value!r}")
+        raise SettingsError(key, f"expected a list of strings or of integers, got {value!r}")
     if kind is int:
         if isinstance(value, bool):
             raise SettingsError(key, f"expected an integer, got {value!r}")

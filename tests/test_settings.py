@@ -49,7 +49,7 @@ def test_bad_setting_names_its_key(section, key):
 
 
 def test_cpu_placement_defaults_to_float32_and_splits_cores(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("handler.encoder.available_cpus", lambda: 8)
     placement = resolve_placement(Settings(), gpu_id=None, workers=2, cuda_available=False)
     assert placement.device == torch.device("cpu")
     assert placement.dtype == torch.float32
@@ -100,3 +100,13 @@ def test_layer_list_setting():
     assert Settings.from_mapping({"int8_fp32_layers": ["x", "y"]}).int8_fp32_layers == ("x", "y")
     with pytest.raises(SettingsError, match="int8_fp32_layers"):
         Settings.from_mapping({"int8_fp32_layers": "x"})
+
+
+def test_available_cpus_honours_a_cgroup_limit(tmp_path):
+    from handler.encoder import available_cpus
+
+    limit = tmp_path / "cpu.max"
+    limit.write_text("150000 100000\n")  # 1.5 CPUs: two threads
+    assert available_cpus(limit) == min(2, available_cpus(tmp_path / "absent"))
+    limit.write_text("max 100000\n")
+    assert available_cpus(limit) == available_cpus(tmp_path / "absent") >= 1
