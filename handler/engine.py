@@ -157,10 +157,10 @@ class EmbeddingEngine:
 
         ids, spans = flatten([job.ids for job in jobs.values()])
         if ids:
-            vectors, too_large = self._embed(ids, report) if self.cache is None else self._embed_cached(ids, report)
+            vectors, unfit = self._embed(ids, report) if self.cache is None else self._embed_cached(ids, report)
             report.model_ms, clock = _since(clock)
             for (index, job), span in zip(jobs.items(), spans):
-                failed = [i - span.start for i in range(span.start, span.stop) if i in too_large]
+                failed = [i - span.start for i in range(span.start, span.stop) if i in unfit]
                 if failed:
                     bodies[index] = _error_body(_does_not_fit(job, failed[0]), job.request.route)
                 else:
@@ -197,9 +197,9 @@ class EmbeddingEngine:
         computed: dict[bytes, np.ndarray] = {}
         failed_keys: set[bytes] = set()
         if missing:
-            fresh, too_large = self._embed([ids[i] for i in missing.values()], report)
+            fresh, unfit = self._embed([ids[i] for i in missing.values()], report)
             for position, (key, row) in enumerate(zip(missing, fresh.numpy())):
-                if position in too_large:
+                if position in unfit:
                     failed_keys.add(key)
                 else:
                     computed[key] = row.copy()  # rows, not views of one block

@@ -209,10 +209,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def isolated_config(root: Path, base: Path, **properties: str) -> Path:
+def isolated_config(root: Path, base: Path, name: str = "config.properties", **properties: str) -> Path:
     """A copy of `base` in `root` on free loopback ports with its own model store and no models,
     for a server that shares nothing with another one on this machine (tests, benchmarks)."""
-    config = root / "config.properties"
+    config = root / name
     config.write_text(base.read_text())
     update_properties(config, {
         "inference_address": f"http://127.0.0.1:{free_port()}",

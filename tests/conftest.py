@@ -3,6 +3,8 @@ TorchServe per test session serving the tiny model and the real all-MiniLM-L6-v2
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,9 +41,9 @@ def tiny_engine(tiny_model_dir) -> EmbeddingEngine:
     return make_engine(tiny_model_dir)
 
 
-def make_server_config(root: Path) -> Path:
+def make_server_config(root: Path, **properties: str) -> Path:
     """The repository's config.properties on free loopback ports, with no models yet."""
-    return isolated_config(root, REPO / "config.properties")
+    return isolated_config(root, REPO / "config.properties", **properties)
 
 
 def build(config: Path, *args: str) -> None:
@@ -49,18 +51,42 @@ def build(config: Path, *args: str) -> None:
     assert code == 0, f"build_mar failed for {args}"
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
-    root = tmp_path_factory.mktemp("torchserve")
-    config = make_server_config(root)
-    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
-          "--batch-size", str(TINY_BATCH_SIZE), "--max-batch-delay", str(TINY_BATCH_DELAY_MS))
-    # The default model, exactly as `./build_mar.sh` with no model argument builds it.
-    build(config, "--workers", "1", "--batch-size", "16")
+@contextmanager
+def serving(root: Path, *builds: list[str], env: dict[str, str] | None = None, **properties: str):
+    """A real TorchServe in `root` serving the archives `builds` makes (build_mar.sh arguments
+    each), on free loopback ports; `env` is set while it starts and until it embeds."""
+    config = make_server_config(root, **properties)
+    for args in builds:
+        build(config, *args)
     ts = TorchServe(config, root)
-    ts.start()
     try:
-        ts.wait_ready(timeout=600)
+        with environment(env or {}):
+            ts.start()
+            ts.wait_ready(timeout=600)
         yield ts
     finally:
         ts.stop()
+
+
+@contextmanager
+def environment(variables: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
+    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
+            "--batch-size", str(TINY_BATCH_SIZE), "--max-batch-delay", str(TINY_BATCH_DELAY_MS)]
+    # The default model, exactly as `./build_mar.sh` with no model argument builds it.
+    minilm = ["--workers", "1", "--batch-size", "16"]
+    with serving(tmp_path_factory.mktemp("torchserve"), tiny, minilm) as ts:
+        yield ts

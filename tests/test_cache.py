@@ -11,8 +11,7 @@ import pytest
 from handler.cache import ENTRY_OVERHEAD_BYTES, REDIS_URL_ENV, MemoryCache
 from handler.engine import RawRequest
 from handler.settings import SettingsError
-from scripts.serverctl import TorchServe
-from tests.conftest import build, make_engine, make_server_config
+from tests.conftest import build, make_engine, make_server_config, serving
 from tests.redis_server import RedisServer
 from tests.test_engine import TEXTS
 from tests.test_server import concurrently, metric_growth, metric_samples, predict, vectors
@@ -189,18 +188,11 @@ def test_the_environment_overrides_the_redis_url(tiny_model_dir, redis_server, m
 @pytest.fixture(scope="module")
 def cached_server(tmp_path_factory, tiny_model_dir, redis_server):
     redis_server.client().flushdb()
-    root = tmp_path_factory.mktemp("cached")
-    config = make_server_config(root)
-    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
-          "--batch-size", "8", "--max-batch-delay", "100",
-          "--set", "cache_entries=10000", "--set", f"redis_url={redis_server.url}", "--set", f"redis_ttl_s={TTL_S}")
-    ts = TorchServe(config, root)
-    ts.start()
-    try:
-        ts.wait_ready(timeout=300)
+    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
+            "--max-batch-delay", "100", "--set", "cache_entries=10000", "--set", f"redis_url={redis_server.url}",
+            "--set", f"redis_ttl_s={TTL_S}"]
+    with serving(tmp_path_factory.mktemp("cached"), tiny) as ts:
         yield ts
-    finally:
-        ts.stop()
 
 
 @pytest.mark.integration

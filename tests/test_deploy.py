@@ -39,9 +39,9 @@ from dockerfile_parse import DockerfileParser
 from referencing import Registry, Resource
 
 from archive.metrics_config import metrics_config
-from archive.ts_config import read_properties, update_properties
+from archive.ts_config import read_properties
 from scripts import probe
-from scripts.serverctl import TorchServe, free_port
+from scripts.serverctl import TorchServe, free_port, isolated_config
 from tests.conftest import build, make_server_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -590,19 +590,10 @@ def test_probe_fails_when_nothing_listens_or_nothing_is_configured(tmp_path):
 def container_config_for_test(root: Path, built: Path) -> Path:
     """deploy/container/config.properties with the test's model, on free loopback ports: every
     other setting (token authorization, model API, metrics, limits) is the image's."""
-    config = root / "container.properties"
-    config.write_text(CONTAINER_CONFIG.read_text())
     built_properties = read_properties(built)
-    update_properties(config, {
-        "inference_address": f"http://127.0.0.1:{free_port()}",
-        "management_address": f"http://127.0.0.1:{free_port()}",
-        "metrics_address": f"http://127.0.0.1:{free_port()}",
-        "grpc_inference_port": str(free_port()),
-        "grpc_management_port": str(free_port()),
-        **{key: built_properties[key] for key in ("model_store", "metrics_config", "models", "load_models",
-                                                  "job_queue_size")},
-    })
-    return config
+    return isolated_config(root, CONTAINER_CONFIG, name="container.properties", **{
+        key: built_properties[key] for key in ("model_store", "metrics_config", "models", "load_models",
+                                               "job_queue_size")})
 
 
 def wait_until_probe_passes(config: Path, workdir: Path, entrypoint: subprocess.Popen, timeout: float = 300):

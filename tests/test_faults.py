@@ -2,7 +2,6 @@
 in a real TorchServe worker started with EMBEDSERVE_TEST_FAULTS."""
 
 import json
-import os
 import time
 
 import numpy as np
@@ -11,8 +10,7 @@ import requests
 
 from handler.encoder import FAULTS_ENV, DeviceFailure, FaultInjection
 from handler.engine import RawRequest
-from scripts.serverctl import TorchServe
-from tests.conftest import build, make_engine, make_server_config
+from tests.conftest import make_engine, serving
 from tests.test_engine import TEXTS
 from tests.test_server import concurrently, predict, vectors
 
@@ -98,21 +96,11 @@ def test_faults_come_only_from_the_environment(monkeypatch):
 
 @pytest.fixture(scope="module")
 def faulty_server(tmp_path_factory, tiny_model_dir):
-    root = tmp_path_factory.mktemp("faults")
-    config = make_server_config(root)
-    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
-          "--batch-size", "8", "--max-batch-delay", "150", "--set", "max_batch_tokens=4096")
-    ts = TorchServe(config, root)
-    os.environ[FAULTS_ENV] = f"oom_above_tokens={OOM_ABOVE},device_error_token={POISON_TOKEN}"
-    try:
-        ts.start()  # the server and its workers inherit the environment
-    finally:
-        del os.environ[FAULTS_ENV]
-    try:
-        ts.wait_ready(timeout=300)
+    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
+            "--max-batch-delay", "150", "--set", "max_batch_tokens=4096"]
+    faults = {FAULTS_ENV: f"oom_above_tokens={OOM_ABOVE},device_error_token={POISON_TOKEN}"}
+    with serving(tmp_path_factory.mktemp("faults"), tiny, env=faults) as ts:  # the workers inherit it
         yield ts
-    finally:
-        ts.stop()
 
 
 def worker(server):

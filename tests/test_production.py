@@ -1,7 +1,6 @@
 """The production profile of docs/production.md, started as written (with this test's ports and a
 self-signed certificate): HTTPS embeds, plain HTTP does not, and the guards stay on."""
 
-import os
 import re
 import stat
 import subprocess
@@ -9,8 +8,8 @@ import subprocess
 import pytest
 import requests
 
-from scripts.serverctl import TorchServe, free_port, isolated_config
-from tests.conftest import REPO, build
+from scripts.serverctl import free_port
+from tests.conftest import REPO, serving
 
 pytestmark = pytest.mark.integration
 
@@ -33,19 +32,10 @@ def tls_server(tmp_path_factory, tiny_model_dir):
                    management_address=f"https://127.0.0.1:{free_port()}",
                    metrics_address=f"http://127.0.0.1:{free_port()}",
                    private_key_file=str(key), certificate_file=str(cert))
-    config = isolated_config(root, REPO / "config.properties", **profile)
-    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1")
-    ts = TorchServe(config, root)
-    ts.start()
-    try:
-        os.environ["REQUESTS_CA_BUNDLE"] = str(cert)  # how serverctl's readiness check trusts it
-        try:
-            ts.wait_ready(timeout=300)  # a real embedding, over HTTPS
-        finally:
-            del os.environ["REQUESTS_CA_BUNDLE"]
+    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1"]
+    # REQUESTS_CA_BUNDLE: how serverctl's readiness check, a real embedding over HTTPS, trusts it.
+    with serving(root, tiny, env={"REQUESTS_CA_BUNDLE": str(cert)}, **profile) as ts:
         yield ts, cert
-    finally:
-        ts.stop()
 
 
 def test_the_documented_profile_is_the_locked_down_one():
