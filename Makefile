@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 
-.PHONY: serve stop test bench loadtest mar clean help
+.PHONY: serve stop test bench loadtest soak mar clean help
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
@@ -13,6 +13,7 @@ help:
 	@echo "make test   - install the test extras and run the whole suite"
 	@echo "make bench  - benchmark against sentence-transformers; results in bench/results/"
 	@echo "make loadtest - Locust load test of every route (starts the server if needed); report in bench/results/"
+	@echo "make soak   - 10-minute memory soak and kill -9 recovery (MiniLM); results in bench/results/"
 	@echo "make mar    - (re)build the default model archive"
 	@echo "make clean  - remove the virtual environment, archives and logs"
 
@@ -38,6 +39,11 @@ bench: $(VENV)/.installed-bench
 loadtest: $(VENV)/.installed-bench $(MAR)
 	@bash scripts/require_java.sh
 	$(PY) -m scripts.loadtest $(LOADTEST_ARGS)
+
+soak: $(VENV)/.installed-bench
+	@bash scripts/require_java.sh
+	$(PY) -m bench.recovery
+	$(PY) -m bench.soak
 
 mar: $(VENV)/.installed
 	./build_mar.sh

@@ -19,6 +19,7 @@ from ts.context import Context
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
+from handler.allocator import pin_mmap_threshold
 from handler.encoder import DeviceFailure, resolve_placement
 from handler.engine import EmbeddingEngine, RawRequest, Response
 from handler.metrics import BatchReport, measurements
@@ -41,6 +42,7 @@ class EmbeddingHandler:
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
+        pin_mmap_threshold()  # before the model's memory is allocated
         config = context.model_yaml_config or {}
         settings = Settings.from_mapping(config.get("handler"))
         properties = context.system_properties

@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -139,6 +141,16 @@ class TorchServe:
         except (requests.RequestException, OSError, KeyError, ValueError):  # not up yet, or no key file yet
             return False
         return response.status_code == 200 and len(response.json()["data"]) == 1
+
+    @contextmanager
+    def running(self, timeout: float = 600.0) -> Iterator["TorchServe"]:
+        """Start, wait until every model embeds, and always stop afterwards."""
+        self.start()
+        try:
+            self.wait_ready(timeout=timeout)
+            yield self
+        finally:
+            self.stop()
 
     def stop(self, timeout: float = 60.0) -> None:
         pid = self.pid()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from archive.build import main as build_main
+from archive.ts_config import update_properties
 from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine
 from handler.settings import Settings
@@ -55,9 +56,10 @@ def build(config: Path, *args: str) -> None:
 def serving(root: Path, *builds: list[str], env: dict[str, str] | None = None, **properties: str):
     """A real TorchServe in `root` serving the archives `builds` makes (build_mar.sh arguments
     each), on free loopback ports; `env` is set while it starts and until it embeds."""
-    config = make_server_config(root, **properties)
+    config = make_server_config(root)
     for args in builds:
         build(config, *args)
+    update_properties(config, properties)  # after the builds, which rewrite job_queue_size
     ts = TorchServe(config, root)
     try:
         with environment(env or {}):
