@@ -99,20 +99,6 @@ class EmbeddingEngine:
     def warmup(self) -> None:
         if not torch.isfinite(self.encoder.embed(self.token_ids([WARMUP_TEXT])).vectors).all():
             raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
-        self.encoder.embed(self._full_passes())
-
-    def _full_passes(self) -> list[list[int]]:
-        """Inputs that fill the token budget at every power-of-two length up to max_length, so
-        the worker's memory reaches its high-water mark before the first request instead of
-        climbing in steps as traffic brings new pass shapes."""
-        ids = self.token_ids([WARMUP_TEXT])[0]
-        budget, rows_cap = self.encoder.placement.max_batch_tokens, self.encoder.max_batch_size
-        lengths = sorted({min(2**k, self.max_length) for k in range(3, self.max_length.bit_length() + 1)})
-        inputs = []
-        for length in lengths:
-            row = (ids * (length // len(ids) + 1))[:length]
-            inputs += [row] * max(1, min(rows_cap, budget // length))
-        return inputs
 
     def info(self) -> dict[str, Any]:
         placement = self.encoder.placement

@@ -181,11 +181,3 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
     assert json.loads(responses[0].body) == {"error": "the server failed to prepare this request; the failure is "
                                                       "logged", "error_type": "Backend"}
 
-
-def test_warm_up_fills_the_token_budget_at_every_length(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, max_batch_tokens=256)
-    inputs = engine._full_passes()
-    assert sorted({len(ids) for ids in inputs}) == [8, 16, 32, 48]  # powers of two, then max_length
-    for length in (8, 16, 32, 48):
-        assert sum(len(ids) for ids in inputs if len(ids) == length) > 256 - length
-    engine.warmup()
