@@ -30,7 +30,7 @@ from pathlib import Path
 import aiohttp
 
 from archive.corpus import mixed_corpus
-from bench.soak import build_isolated
+from bench.soak import build_isolated, embed_one
 from scripts.serverctl import TorchServe
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,14 +80,7 @@ async def trial(server: TorchServe, model: str, texts: Sequence[str], kill: int,
         i = offset
         while not stop.is_set():
             sent = time.monotonic()
-            try:
-                async with session.post(url, json={"input": [texts[i % len(texts)]]}, headers=headers) as response:
-                    body = await response.read()
-                    status: int | str = response.status
-                    if status == 200 and len(json.loads(body)["data"]) != 1:
-                        status = "wrong embedding count"
-            except (TimeoutError, aiohttp.ClientError) as err:
-                status = type(err).__name__
+            status = await embed_one(session, url, headers, texts[i % len(texts)])
             calls.append(Call(sent, time.monotonic(), status))
             i += CLIENTS
 

@@ -149,6 +149,19 @@ class Answer:
     status: int | str  # HTTP status, or the exception's name when no response came
 
 
+async def embed_one(session: aiohttp.ClientSession, url: str, headers: dict[str, str], text: str) -> int | str:
+    """The HTTP status of one one-text request ("wrong embedding count" for a bad 200), or the
+    exception's name when no response came."""
+    try:
+        async with session.post(url, json={"input": [text]}, headers=headers) as response:
+            body = await response.read()
+            if response.status == 200 and len(json.loads(body)["data"]) != 1:
+                return "wrong embedding count"
+            return response.status
+    except (TimeoutError, aiohttp.ClientError) as err:
+        return type(err).__name__
+
+
 async def open_loop(url: str, headers: dict[str, str], texts: Sequence[str], rate: float, seconds: float,
                     on_tick=None, tick_s: float = 5.0) -> list[Answer]:
     """Send one text per request at a fixed rate, whatever the server does (open loop: a slow
@@ -160,14 +173,7 @@ async def open_loop(url: str, headers: dict[str, str], texts: Sequence[str], rat
 
     async def send(session: aiohttp.ClientSession, text: str) -> None:
         sent = loop.time()
-        try:
-            async with session.post(url, json={"input": [text]}, headers=headers) as response:
-                body = await response.read()
-                status: int | str = response.status
-                if status == 200 and len(json.loads(body)["data"]) != 1:
-                    status = "wrong embedding count"
-        except (TimeoutError, aiohttp.ClientError) as err:
-            status = type(err).__name__
+        status = await embed_one(session, url, headers, text)
         answers.append(Answer(sent - started, loop.time() - sent, status))
 
     async def ticker() -> None:
