@@ -172,8 +172,9 @@ REDIS_URL_ENV = "EMBEDSERVE_REDIS_URL"
 def open_cache(settings: Settings, *, model_name: str, identity: str, dimension: int) -> EmbeddingCache | None:
     """The cache the settings ask for, or None. `identity` names the weights and how they run
     (revision, dtype, pooling): vectors of another model never match."""
-    redis_url = os.environ.get(REDIS_URL_ENV) or settings.redis_url
-    check_redis_url(REDIS_URL_ENV if os.environ.get(REDIS_URL_ENV) else "redis_url", redis_url)
+    from_env = os.environ.get(REDIS_URL_ENV)
+    redis_url = from_env or settings.redis_url
+    check_redis_url(REDIS_URL_ENV if from_env else "redis_url", redis_url)
     memory = MemoryCache(settings.cache_entries, settings.cache_max_mb * 2**20) if settings.cache_entries else None
     redis = RedisCache(redis_url, settings.redis_ttl_s, settings.redis_timeout_ms, settings.redis_retry_s,
                        prefix=f"embedserve:{model_name}:", dimension=dimension) if redis_url else None

@@ -89,8 +89,9 @@ class GraphRunner:
 
     pool = None  # one memory pool shared by every graph of the process
 
-    def __init__(self, graphs: dict[Bucket, StaticGraph]):
+    def __init__(self, graphs: dict[Bucket, StaticGraph], forward: Forward):
         self.graphs = graphs
+        self.forward = forward  # the eager path, for passes that fit no bucket
         self.buckets = sorted(graphs)
         self.replays = 0
         self.eager = 0
@@ -115,12 +116,13 @@ class GraphRunner:
                             max_bytes >> 20, len(graphs), len(buckets))
                 break
         log.info("CUDA graphs: captured %d buckets (%d MiB)", len(graphs), (in_use() - start) >> 20)
-        return cls(graphs)
+        return cls(graphs, forward)
 
-    def run(self, ids: torch.Tensor, mask: torch.Tensor, forward: Forward) -> torch.Tensor:
+    def run(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Pooled output of the pass: a view of a static buffer, valid until the next replay."""
         bucket = choose(self.buckets, *ids.shape)
         if bucket is None:
             self.eager += 1
-            return forward(ids, mask)
+            return self.forward(ids, mask)
         self.replays += 1
         return self.graphs[bucket].run(ids, mask)

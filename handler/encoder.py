@@ -239,9 +239,8 @@ class Encoder:
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.faults is not None:
             self.faults.check(ids)
-        if self.graphs is not None:
-            return self.graphs.run(ids, mask, self._pooled).cpu()  # .cpu() copies out of the static buffer
-        return self._pooled(ids, mask).cpu()
+        pooled = self.graphs.run(ids, mask) if self.graphs is not None else self._pooled(ids, mask)
+        return pooled.cpu()  # a copy: a replayed graph's output buffer is overwritten by the next
 
     def _pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)

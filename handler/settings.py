@@ -106,11 +106,10 @@ class Settings:
         _require_choice("pooling", self.pooling, POOLINGS)
         if self.max_length < 0:
             raise SettingsError("max_length", "must be >= 0 (0 means the model's limit)")
-        if self.max_batch_size < 1:
-            raise SettingsError("max_batch_size", "must be >= 1")
         if self.max_batch_tokens < 0:
             raise SettingsError("max_batch_tokens", "must be >= 0 (0 means automatic)")
-        for key in ("max_inputs_per_request", "max_input_chars", "max_tokens_per_request"):
+        for key in ("max_batch_size", "max_inputs_per_request", "max_input_chars", "max_tokens_per_request",
+                    "cuda_graph_max_mb", "cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
             if getattr(self, key) < 1:
                 raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:
@@ -120,13 +119,8 @@ class Settings:
         for key in ("cuda_graph_batches", "cuda_graph_lengths"):
             if not getattr(self, key) or any(not isinstance(v, int) or v < 1 for v in getattr(self, key)):
                 raise SettingsError(key, "must be a non-empty list of positive integers")
-        if self.cuda_graph_max_mb < 1:
-            raise SettingsError("cuda_graph_max_mb", "must be >= 1")
         if self.cache_entries < 0:
             raise SettingsError("cache_entries", "must be >= 0 (0 turns the in-process cache off)")
-        for key in ("cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
-            if getattr(self, key) < 1:
-                raise SettingsError(key, "must be >= 1")
         if self.redis_retry_s < 0:
             raise SettingsError("redis_retry_s", "must be >= 0")
         check_redis_url("redis_url", self.redis_url)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -23,13 +24,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
 from archive.ts_config import read_properties, update_properties
 
 WORKER_DEATHS_BEFORE_GIVING_UP = 3
+READINESS_TEXT = "readiness check"
+WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]"}
 GRPC_DEFAULT_PORTS = {"inference": 7070, "management": 7071}  # TorchServe's, when not configured
 
 
@@ -130,17 +133,37 @@ class TorchServe:
             if pending:
                 time.sleep(1.0)
 
-    def embeds(self, model: str) -> bool:
+    def client_url(self, api: str) -> str:
+        """The API's address as a client on the same host reaches it: a wildcard bind (the
+        container's configuration) through loopback."""
+        parts = urlsplit(self.url(api))
+        if parts.hostname in WILDCARD_HOSTS:
+            parts = parts._replace(netloc=f"127.0.0.1:{parts.port}")
+        return urlunsplit(parts)
+
+    def embedding_problem(self, model: str, timeout: float = 30.0) -> str | None:
+        """None when `model` answers one finite, non-empty embedding; otherwise why not. The
+        inference key is sent when TorchServe wrote a key file (token authorization on)."""
         try:
-            response = requests.post(
-                f"{self.url('inference')}/predictions/{model}",
-                json={"input": ["readiness check"]},
-                headers=self.auth(),
-                timeout=30,
-            )
-        except (requests.RequestException, OSError, KeyError, ValueError):  # not up yet, or no key file yet
-            return False
-        return response.status_code == 200 and len(response.json()["data"]) == 1
+            headers = self.auth() if (self.workdir / "key_file.json").is_file() else {}
+            response = requests.post(f"{self.client_url('inference')}/predictions/{model}",
+                                     json={"input": [READINESS_TEXT]}, headers=headers, timeout=timeout)
+        except requests.RequestException as err:
+            return f"model {model}: no answer ({type(err).__name__})"
+        except (OSError, ValueError, KeyError) as err:  # an unreadable or half-written key file
+            return f"cannot read the inference key: {err}"
+        if response.status_code != 200:
+            return f"model {model}: HTTP {response.status_code}: {response.text[:200]}"
+        try:
+            data = response.json()["data"]
+            vector = data[0]["embedding"]
+            real = len(data) == 1 and len(vector) > 0 and all(math.isfinite(float(x)) for x in vector)
+        except (ValueError, KeyError, IndexError, TypeError):
+            return f"model {model}: the answer is not an embedding: {response.text[:200]}"
+        return None if real else f"model {model}: empty or non-finite embedding"
+
+    def embeds(self, model: str) -> bool:
+        return self.embedding_problem(model) is None
 
     @contextmanager
     def running(self, timeout: float = 600.0) -> Iterator["TorchServe"]:
