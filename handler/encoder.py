@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from transformers import AutoModel
 from transformers.utils import logging as transformers_logging
 
-from handler.batching import padded_length, plan_sub_batches
+from handler.batching import DEFAULT_PASS_OVERHEAD_TOKENS, padded_length, plan_sub_batches
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
 from handler.model_files import ModelFilesError
 from handler.pooling import POOLING_MODES, pool
@@ -37,10 +38,13 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 # Padded tokens per forward pass when the setting is 0. Measured on a 2-core CPU with
-# all-MiniLM-L6-v2 (bench/): 512-2048 ran 1.5-2x faster than 16384, whose activations fall out
-# of cache; a GPU needs large passes to fill its cores.
-CPU_BATCH_TOKENS = 1024
+# all-MiniLM-L6-v2 (bench/): per token, passes of 256-2048 run at the same speed, 4096 about
+# 15% slower and 16384 up to 2x slower, as activations fall out of cache; a GPU needs large
+# passes to fill its cores.
+CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 16384
+# The timing passes behind the planner's pass cost: one short input, and this many tokens.
+CALIBRATION_TOKENS = 512
 # GPU passes pad to a multiple of this (tensor-core tiles, fewer distinct shapes); CPU passes
 # pad only to their longest input.
 GPU_PAD_MULTIPLE = 8
@@ -163,7 +167,7 @@ class Encoder:
     """A transformer encoder plus pooling: token ids in, one float32 vector per input out."""
 
     def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: str, pad_id: int,
-                 max_batch_size: int):
+                 max_batch_size: int, pass_overhead_tokens: int = DEFAULT_PASS_OVERHEAD_TOKENS):
         if pooling not in POOLING_MODES:
             raise ModelFilesError(
                 f"the model asks for '{pooling}' pooling, which is not supported; "
@@ -174,6 +178,7 @@ class Encoder:
         self.pooling = pooling
         self.pad_id = pad_id
         self.max_batch_size = max_batch_size
+        self.pass_overhead_tokens = pass_overhead_tokens
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
         self.model = self._load_model()
@@ -207,7 +212,7 @@ class Encoder:
         lengths = [len(ids) for ids in token_ids]
         out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32)
         pending = plan_sub_batches(lengths, self.placement.max_batch_tokens, self.max_batch_size,
-                                   self.placement.pad_multiple)
+                                   self.placement.pad_multiple, self.pass_overhead_tokens)
         padded = passes = 0
         too_large: set[int] = set()
         with torch.inference_mode():
@@ -236,11 +241,36 @@ class Encoder:
         return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
 
+    def measure_pass_overhead(self) -> int:
+        """Time a one-input pass and a full one on this device, threads and dtype, and return
+        what a pass costs beyond its tokens, in tokens: the planner's price of one more pass."""
+        length = min(64, self.max_positions or 64)
+        rows = max(2, CALIBRATION_TOKENS // length)
+        short, full = self._time_pass(1, length // 4), self._time_pass(rows, length)
+        per_token = (full - short) / (rows * length - length // 4)
+        if per_token <= 0:  # a noisy neighbour swamped the measurement; keep what we had
+            return self.pass_overhead_tokens
+        return int(min(self.placement.max_batch_tokens, max(1, round(short / per_token - length // 4))))
+
+    def _time_pass(self, rows: int, length: int, repeats: int = 5) -> float:
+        """The fastest of `repeats` runs: a busy neighbour only ever adds time."""
+        ids = torch.full((rows, length), self.pad_id, dtype=torch.long, device=self.placement.device)
+        mask = torch.ones_like(ids)
+        seconds = []
+        with torch.inference_mode():
+            for _ in range(repeats + 1):  # the first run warms this shape up and is not counted
+                started = time.perf_counter()
+                self._run_pass(ids, mask).cpu()  # .cpu() waits for a GPU to finish
+                seconds.append(time.perf_counter() - started)
+        return min(seconds[1:])
+
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.faults is not None:
             self.faults.check(ids)
-        pooled = self.graphs.run(ids, mask) if self.graphs is not None else self._pooled(ids, mask)
-        return pooled.cpu()  # a copy: a replayed graph's output buffer is overwritten by the next
+        return self._run_pass(ids, mask).cpu()  # a copy: a replayed graph's output buffer is overwritten by the next
+
+    def _run_pass(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.graphs.run(ids, mask) if self.graphs is not None else self._pooled(ids, mask)
 
     def _pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from handler.batching import flatten
+from handler.batching import DEFAULT_PASS_OVERHEAD_TOKENS, flatten
 from handler.cache import EmbeddingCache, open_cache
 from handler.codec import (
     ENCODING_FORMATS, EmbeddingRequest, Route, encode_embeddings, encode_error, encode_info, encode_tokens,
@@ -82,6 +82,7 @@ class EmbeddingEngine:
             pooling=settings.pooling if settings.pooling != "auto" else (description.pooling or "mean"),
             pad_id=tokenizer.pad_id,
             max_batch_size=settings.max_batch_size,
+            pass_overhead_tokens=settings.pass_overhead_tokens or DEFAULT_PASS_OVERHEAD_TOKENS,
         )
         max_length = resolve_max_length(settings.max_length, description.max_seq_length,
                                          tokenizer.model_max_length, encoder.max_positions)
@@ -99,6 +100,10 @@ class EmbeddingEngine:
     def warmup(self) -> None:
         if not torch.isfinite(self.encoder.embed(self.token_ids([WARMUP_TEXT])).vectors).all():
             raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
+        if not self.settings.pass_overhead_tokens:
+            self.encoder.pass_overhead_tokens = self.encoder.measure_pass_overhead()
+            log.info("a forward pass costs as much as %d tokens here; the batch planner weighs passes by it",
+                     self.encoder.pass_overhead_tokens)
 
     def info(self) -> dict[str, Any]:
         placement = self.encoder.placement
@@ -121,6 +126,7 @@ class EmbeddingEngine:
             "max_tokens_per_request": self.settings.max_tokens_per_request,
             "max_batch_tokens": placement.max_batch_tokens,
             "max_batch_size": self.settings.max_batch_size,
+            "pass_overhead_tokens": self.encoder.pass_overhead_tokens,
             "cache": {"memory_entries": self.settings.cache_entries if self.cache and self.cache.memory else 0,
                       "redis": bool(self.cache and self.cache.redis)},
             "output_dtypes": list(OUTPUT_DTYPES),

@@ -46,6 +46,9 @@ class Settings:
     max_batch_tokens: int = 0
     # ... and at most this many sequences.
     max_batch_size: int = 256
+    # What one more forward pass costs, in padded tokens, when the planner weighs fewer passes
+    # against less padding; 0 means measured at warm-up (32 when warm-up is off).
+    pass_overhead_tokens: int = 0
     # Torch intra-op threads per worker; 0 means CPU cores divided by the worker count.
     cpu_threads: int = 0
     # Run one embedding in initialize so a READY worker has really embedded.
@@ -114,6 +117,8 @@ class Settings:
                 raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:
             raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
+        if self.pass_overhead_tokens < 0:
+            raise SettingsError("pass_overhead_tokens", "must be >= 0 (0 means measured at warm-up)")
         if not all(isinstance(name, str) for name in self.int8_fp32_layers):
             raise SettingsError("int8_fp32_layers", "must be a list of layer names")
         for key in ("cuda_graph_batches", "cuda_graph_lengths"):

@@ -75,12 +75,13 @@ def test_many_texts_across_sub_batches_equal_one_at_a_time(tiny_model_dir):
 
 
 def test_encoder_counts_real_and_padded_tokens(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, max_batch_tokens=64, max_batch_size=4)
+    engine = make_engine(tiny_model_dir, max_batch_tokens=64, max_batch_size=4, pass_overhead_tokens=32)
     ids = [[2] * n for n in (3, 10, 4, 9, 30)]
     embedded = engine.encoder.embed(ids)
     assert embedded.real_tokens == 56
-    # Sorted: [30, 10] padded to 30 (60 <= 64; a third row would exceed it), then [9, 4, 3] to 9.
-    assert embedded.passes == 2 and embedded.padded_tokens == 60 + 27
+    # Sorted 30, 10, 9, 4, 3: [30] alone, then [10, 9, 4, 3] padded to 10. Cutting after 10
+    # instead ([30, 10] padded to 30, [9, 4, 3] to 9) is also two passes but pads 87 tokens.
+    assert embedded.passes == 2 and embedded.padded_tokens == 30 + 40
     assert embedded.vectors.shape == (5, 32)
 
 
@@ -181,3 +182,20 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
     assert json.loads(responses[0].body) == {"error": "the server failed to prepare this request; the failure is "
                                                       "logged", "error_type": "Backend"}
 
+
+
+def test_warmup_measures_what_a_forward_pass_costs(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=512)
+    assert engine.info()["pass_overhead_tokens"] == 32  # the default until measured
+    engine.warmup()
+    measured = engine.info()["pass_overhead_tokens"]
+    assert 1 <= measured <= 512
+    assert engine.encoder.pass_overhead_tokens == measured
+
+
+def test_a_set_pass_cost_is_kept_through_warmup(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, pass_overhead_tokens=5000)
+    engine.warmup()
+    assert engine.encoder.pass_overhead_tokens == 5000
+    # At that price the planner fills passes to the budget: 40 texts of up to 8 tokens in one.
+    assert engine.encoder.embed([[2] * (1 + i % 8) for i in range(40)]).passes == 1
