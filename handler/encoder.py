@@ -15,15 +15,17 @@ import logging
 import os
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from transformers import AutoModel
 from transformers.utils import logging as transformers_logging
 
 from handler.batching import DEFAULT_PASS_OVERHEAD_TOKENS, padded_length, plan_sub_batches
+from handler.cpu_lending import CpuLending
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
 from handler.model_files import ModelFilesError
 from handler.pooling import POOLING_MODES, pool
@@ -43,6 +45,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 # passes to fill its cores.
 CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 16384
+# A batch planned as one pass of at most this many padded tokens borrows idle CPUs: it ends
+# within tens of milliseconds, which is as long as the lending worker may wait for its own.
+LEND_MAX_TOKENS = 256
 # The timing passes behind the planner's pass cost: one short input, and this many tokens.
 CALIBRATION_TOKENS = 512
 # GPU passes pad to a multiple of this (tensor-core tiles, fewer distinct shapes); CPU passes
@@ -57,6 +62,8 @@ class Placement:
     cpu_threads: int  # 0 on GPU: torch's default is left alone
     max_batch_tokens: int
     pad_multiple: int
+    # CPUs whose idle ones this worker may borrow for small batches; 0: no lending.
+    lend_cpus: int = 0
     # Under int8: the Linear layers kept in float32 (the rest are quantized). None: no int8.
     int8_fp32_layers: tuple[str, ...] | None = None
     # CUDA graph buckets to capture, largest first (empty: eager only), and their memory cap.
@@ -84,14 +91,16 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
     if not on_gpu and dtype == torch.float16:
         raise ValueError("handler setting 'dtype': float16 is not supported on CPU; use float32 or bfloat16")
     # Workers are separate processes; split the cores between them instead of oversubscribing.
-    threads = 0 if on_gpu else settings.cpu_threads or max(1, available_cpus() // max(1, workers))
+    cpus = available_cpus()
+    threads = 0 if on_gpu else settings.cpu_threads or max(1, cpus // max(1, workers))
+    lend = not on_gpu and settings.lend_idle_cpus and not settings.cpu_threads and cpus > threads
     max_batch_tokens = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
     if settings.cuda_graphs and not on_gpu:
         log.warning("handler setting 'cuda_graphs' needs a CUDA device; this %s worker runs eagerly", device)
     buckets = ladder(settings.cuda_graph_batches, settings.cuda_graph_lengths, max_batch_tokens) \
         if settings.cuda_graphs and on_gpu else []
     return Placement(
-        device, dtype, threads,
+        device, dtype, threads, lend_cpus=cpus if lend else 0,
         max_batch_tokens=max_batch_tokens,
         pad_multiple=GPU_PAD_MULTIPLE if on_gpu else 1,
         int8_fp32_layers=settings.int8_fp32_layers if int8 else None,
@@ -181,6 +190,7 @@ class Encoder:
         self.pass_overhead_tokens = pass_overhead_tokens
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
+        self.lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
         self.model = self._load_model()
         self.faults = FaultInjection.from_env()
         self.dimension = int(self.model.config.hidden_size)
@@ -215,7 +225,7 @@ class Encoder:
                                    self.placement.pad_multiple, self.pass_overhead_tokens)
         padded = passes = 0
         too_large: set[int] = set()
-        with torch.inference_mode():
+        with torch.inference_mode(), self._cpus_for(pending, lengths):
             while pending:
                 indices = pending.pop(0)
                 ids, mask = self._pad([token_ids[i] for i in indices])
@@ -240,6 +250,20 @@ class Encoder:
                 passes += 1
         return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
+
+    @contextmanager
+    def _cpus_for(self, plan: list[list[int]], lengths: Sequence[int]) -> Iterator[None]:
+        """Run a batch on this worker's CPUs, plus every idle one when the batch is small."""
+        if self.lending is None:
+            yield
+            return
+        small = len(plan) == 1 and max(lengths[i] for i in plan[0]) * len(plan[0]) <= LEND_MAX_TOKENS
+        with self.lending.running(borrow=small) as threads:
+            torch.set_num_threads(threads)
+            try:
+                yield
+            finally:
+                torch.set_num_threads(self.placement.cpu_threads)
 
     def measure_pass_overhead(self) -> int:
         """Time a one-input pass and a full one on this device, threads and dtype, and return
