@@ -39,6 +39,26 @@ def bench_engine(engine: EmbeddingEngine, texts: Sequence[str], repeats: int = 2
     }, vectors
 
 
+def bench_planner(engine: EmbeddingEngine, texts: Sequence[str], batch: int = 32) -> dict:
+    """Texts/s and padding efficiency embedding `texts` in batches of `batch`, as TorchServe
+    hands them to a worker: with the measured pass cost, and with passes filled to the token
+    budget (a pass cost so high that fewer passes always win)."""
+    ids = engine.token_ids(texts)
+    encoder = engine.encoder
+    measured = encoder.pass_overhead_tokens
+    results = {}
+    for name, overhead in (("least_cost", measured), ("fill_budget", encoder.placement.max_batch_tokens * 64)):
+        encoder.pass_overhead_tokens = overhead
+        started, real, padded, passes = time.perf_counter(), 0, 0, 0
+        for start in range(0, len(ids), batch):
+            embedded = encoder.embed(ids[start : start + batch])
+            real, padded, passes = real + embedded.real_tokens, padded + embedded.padded_tokens, passes + embedded.passes
+        results[name] = {"texts_per_s": round(len(ids) / (time.perf_counter() - started), 1),
+                         "padding_efficiency": round(real / padded, 3), "forward_passes": passes}
+    encoder.pass_overhead_tokens = measured
+    return {"batch": batch, "pass_overhead_tokens": measured, **results}
+
+
 def bench_sentence_transformers(model_dir: Path, texts: Sequence[str], threads: int,
                                 repeats: int = 2) -> tuple[dict, np.ndarray]:
     from sentence_transformers import SentenceTransformer

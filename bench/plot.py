@@ -23,6 +23,10 @@ def plot(results: dict, output: Path) -> None:
         for percentile, style in (("p50_ms", "-"), ("p99_ms", ":")):
             latency.plot(x, [r[percentile] for r in points], style, marker="o", color=line.get_color(),
                          label=f"{label} {percentile[:3]}")
+    unlent = sorted(results["end_to_end"].get("float32_no_lending", []), key=lambda r: r["concurrency"])
+    if unlent:
+        throughput.plot([r["concurrency"] for r in unlent], [r["texts_per_s"] for r in unlent], "--", marker="x",
+                        color="grey", label="mixed, 1 text(s)/request, workers not lending CPUs")
     st = results["in_process"]["mixed"]["sentence_transformers"]["texts_per_s"]
     throughput.axhline(st, color="grey", linestyle="--", label="sentence-transformers in-process (mixed)")
     throughput.axhline(results["matmul"]["fixed_texts_per_s_limit"], color="black", linestyle=":",

@@ -1,19 +1,20 @@
-"""Idle CPUs lent between the CPU workers of one machine, for small batches.
+"""Idle CPUs lent between the CPU workers of one server, one forward pass at a time.
 
 Workers are processes, each with its share of the CPUs as torch threads: on 2 cores, two
-1-thread workers embed about 1.2x more under load than one 2-thread worker (bench/). At idle,
-though, a lone request then runs on one core while the other sleeps. So each worker owns home
-CPUs and, for a batch small enough to finish in a few milliseconds, also borrows every CPU no
-other worker is using, and runs with that many threads.
+1-thread workers embed about 1.2x more under load than one 2-thread worker (bench/). But
+whenever one worker has nothing to do (at idle, or while the other holds every queued request
+in its batch), its core sleeps. So each worker owns home CPUs and, for each forward pass of
+a batch, also borrows every CPU whose owner is neither using nor waiting for it, and runs
+that pass with that many threads.
 
-Coordination is by POSIX file locks, one pair of files per CPU in a per-user directory:
+Coordination is by POSIX file locks, three files per CPU in a per-user temporary directory:
 - `cpu-N.owner` is locked by the worker that owns CPU N for as long as it lives (the kernel
   drops the lock when the process dies, even under kill -9);
-- `cpu-N.run` is locked while a batch runs on CPU N, by its owner or by a borrower.
-A worker takes its home run locks before each batch (waiting, at most one small batch, if a
-borrower has them) and borrows only with non-blocking tries, so no two threads ever share a
-CPU and no worker waits on another's large batch. A worker that finds no free home CPUs (more
-workers than CPUs, or other servers on the machine) stays out of the scheme and runs as before.
+- `cpu-N.want` is locked by the owner from the moment it has a batch until the batch is done;
+- `cpu-N.run` is locked while a pass runs on CPU N, by its owner or by a borrower.
+A borrower takes a CPU only if its `want` and `run` locks are both free, and gives it back
+after the pass, so an owner waits at most one (small) pass for its CPU and no two threads
+share a CPU. A worker that finds no free home CPUs (more workers than CPUs) stays out.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import IO, Iterator
 log = logging.getLogger(__name__)
 
 # How long a worker waits for its home CPUs to come back from a borrower before running
-# anyway: a borrowed batch is small, so this only matters if the borrower is stuck.
+# anyway: a borrowed pass is small, so this only matters if the borrower is stuck.
 HOME_WAIT_S = 1.0
 
 
@@ -39,8 +40,10 @@ def lock_directory() -> Path:
 
 
 class CpuLending:
-    def __init__(self, home: list[int], runs: dict[int, IO[bytes]], owners: list[IO[bytes]]):
+    def __init__(self, home: list[int], wants: dict[int, IO[bytes]], runs: dict[int, IO[bytes]],
+                 owners: list[IO[bytes]]):
         self.home = home
+        self._wants = wants
         self._runs = runs
         self._owners = owners  # held open: closing a file drops its lock
 
@@ -73,25 +76,43 @@ class CpuLending:
                 owner.close()
             log.info("no free home CPUs among %d; this worker does not lend or borrow CPUs", cpus)
             return None
+        wants = {cpu: open(directory / f"cpu-{cpu}.want", "ab") for cpu in range(cpus)}
         runs = {cpu: open(directory / f"cpu-{cpu}.run", "ab") for cpu in range(cpus)}
-        log.info("worker owns CPU slot(s) %s of %d; small batches borrow idle ones", home, cpus)
-        return cls(home, runs, owners)
+        log.info("worker owns CPU slot(s) %s of %d; its passes borrow idle ones", home, cpus)
+        return cls(home, wants, runs, owners)
 
     @contextmanager
-    def running(self, borrow: bool) -> Iterator[int]:
-        """Hold this worker's CPUs (and, if `borrow`, every idle one) for one batch; yields
-        the number of threads to run with."""
+    def batch(self) -> Iterator[None]:
+        """Hold this worker's own CPUs for one batch, taking them back from a borrower first."""
+        for cpu in self.home:
+            fcntl.flock(self._wants[cpu], fcntl.LOCK_EX)  # borrowers hold it only to look
         held = [cpu for cpu in self.home if _lock_within(self._runs[cpu], HOME_WAIT_S)]
-        borrowed = [cpu for cpu, run in self._runs.items()
-                    if borrow and cpu not in self.home and _try_lock(run)]
         try:
-            yield len(self.home) + len(borrowed)
+            yield
         finally:
-            for cpu in held + borrowed:
+            for cpu in held:
+                fcntl.flock(self._runs[cpu], fcntl.LOCK_UN)
+            for cpu in self.home:
+                fcntl.flock(self._wants[cpu], fcntl.LOCK_UN)
+
+    @contextmanager
+    def borrowing(self) -> Iterator[int]:
+        """Borrow, for one pass, every other CPU that nobody uses or wants; yields how many."""
+        borrowed = []
+        for cpu, run in self._runs.items():
+            if cpu in self.home or not _try_lock(self._wants[cpu]):
+                continue
+            if _try_lock(run):
+                borrowed.append(cpu)
+            fcntl.flock(self._wants[cpu], fcntl.LOCK_UN)
+        try:
+            yield len(borrowed)
+        finally:
+            for cpu in borrowed:
                 fcntl.flock(self._runs[cpu], fcntl.LOCK_UN)
 
     def close(self) -> None:
-        for file in [*self._runs.values(), *self._owners]:
+        for file in [*self._wants.values(), *self._runs.values(), *self._owners]:
             file.close()
 
 

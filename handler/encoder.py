@@ -45,9 +45,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 # passes to fill its cores.
 CPU_BATCH_TOKENS = 2048
 GPU_BATCH_TOKENS = 16384
-# A batch planned as one pass of at most this many padded tokens borrows idle CPUs: it ends
-# within tens of milliseconds, which is as long as the lending worker may wait for its own.
-LEND_MAX_TOKENS = 256
+# A pass of at most this many padded tokens borrows idle CPUs: it ends within about 150 ms on
+# a CPU core, the longest an owner then waits to get its CPU back.
+LEND_MAX_TOKENS = 1024
 # The timing passes behind the planner's pass cost: one short input, and this many tokens.
 CALIBRATION_TOKENS = 512
 # GPU passes pad to a multiple of this (tensor-core tiles, fewer distinct shapes); CPU passes
@@ -225,12 +225,13 @@ class Encoder:
                                    self.placement.pad_multiple, self.pass_overhead_tokens)
         padded = passes = 0
         too_large: set[int] = set()
-        with torch.inference_mode(), self._cpus_for(pending, lengths):
+        with torch.inference_mode(), self._own_cpus():
             while pending:
                 indices = pending.pop(0)
                 ids, mask = self._pad([token_ids[i] for i in indices])
                 try:
-                    out[indices] = self._forward(ids, mask)
+                    with self._cpus_for_pass(ids):
+                        out[indices] = self._forward(ids, mask)
                 except Exception as err:
                     if not _is_out_of_memory(err):
                         if _is_device_failure(err):
@@ -252,14 +253,21 @@ class Encoder:
                         too_large=frozenset(too_large))
 
     @contextmanager
-    def _cpus_for(self, plan: list[list[int]], lengths: Sequence[int]) -> Iterator[None]:
-        """Run a batch on this worker's CPUs, plus every idle one when the batch is small."""
+    def _own_cpus(self) -> Iterator[None]:
         if self.lending is None:
             yield
             return
-        small = len(plan) == 1 and max(lengths[i] for i in plan[0]) * len(plan[0]) <= LEND_MAX_TOKENS
-        with self.lending.running(borrow=small) as threads:
-            torch.set_num_threads(threads)
+        with self.lending.batch():
+            yield
+
+    @contextmanager
+    def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
+        """Run one pass on this worker's CPUs, plus every idle one when the pass is small."""
+        if self.lending is None or ids.numel() > LEND_MAX_TOKENS:
+            yield
+            return
+        with self.lending.borrowing() as borrowed:
+            torch.set_num_threads(self.placement.cpu_threads + borrowed)
             try:
                 yield
             finally:

@@ -37,3 +37,17 @@ def test_load_generator_against_the_server(server, tiny_model_dir):
     assert result.errors == {} and result.requests >= 4
     assert result.texts == 2 * result.requests and result.tokens == 12 * result.texts
     assert summary["texts_per_s"] > 0 and 0 < summary["p50_ms"] <= summary["p99_ms"]
+
+
+def test_planner_bench_compares_least_cost_with_filled_passes(tiny_model_dir):
+    from bench.inprocess import bench_planner
+    from tests.conftest import make_engine
+
+    engine = make_engine(tiny_model_dir, max_batch_tokens=512, pass_overhead_tokens=16)
+    texts = [" ".join(["word"] * n) for n in (2, 40, 3, 7, 50, 12, 5, 30) * 8]
+    result = bench_planner(engine, texts, batch=16)
+    least, filled = result["least_cost"], result["fill_budget"]
+    assert result["pass_overhead_tokens"] == engine.encoder.pass_overhead_tokens == 16  # restored
+    assert least["padding_efficiency"] > filled["padding_efficiency"]
+    assert least["forward_passes"] > filled["forward_passes"] >= 4  # 64 texts, 16 per batch
+    assert least["texts_per_s"] > 0 and filled["texts_per_s"] > 0

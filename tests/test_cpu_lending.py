@@ -41,52 +41,59 @@ def test_a_killed_worker_frees_its_home_cpu(tmp_path):
     assert CpuLending.join(1, 1, tmp_path).home == [0]
 
 
-def test_a_small_batch_borrows_only_idle_cpus(tmp_path):
+def test_a_pass_borrows_only_cpus_nobody_uses_or_wants(tmp_path):
     mine, other = CpuLending.join(4, 2, tmp_path), CpuLending.join(4, 2, tmp_path)
-    with mine.running(borrow=True) as threads:
-        assert threads == 4
-    with mine.running(borrow=False) as threads:
-        assert threads == 2
-    with other.running(borrow=False), mine.running(borrow=True) as threads:
-        assert threads == 2  # the other worker is busy on its own CPUs
+    with mine.batch():
+        with mine.borrowing() as borrowed:
+            assert borrowed == 2  # the other worker is idle
+        with other.batch(), mine.borrowing() as borrowed:
+            assert borrowed == 0  # the other worker is busy on its own CPUs
+        with mine.borrowing() as borrowed:
+            assert borrowed == 2  # and done again
 
 
-def test_an_owner_waits_for_a_lent_cpu_and_gets_it_back(tmp_path):
+def test_an_owner_waits_one_pass_for_a_lent_cpu_and_keeps_it_from_then_on(tmp_path):
     borrower, owner = CpuLending.join(2, 1, tmp_path), CpuLending.join(2, 1, tmp_path)
-    entered: list[float] = []
+    entered = threading.Event()
+    finish = threading.Event()
 
     def owner_batch():
-        with owner.running(borrow=False) as threads:
-            entered.append(time.monotonic())
-            entered.append(threads)
+        with owner.batch():
+            entered.set()
+            finish.wait(5)
 
-    with borrower.running(borrow=True) as threads:
-        assert threads == 2
-        waiting = threading.Thread(target=owner_batch)
-        waiting.start()
-        time.sleep(0.2)
-        assert not entered  # its CPU is lent out: the owner waits, it does not oversubscribe
-        returned = time.monotonic()
-    waiting.join(5)
-    assert entered[0] >= returned and entered[1] == 1  # ran once its CPU came back
+    with borrower.batch():
+        with borrower.borrowing() as borrowed:
+            assert borrowed == 1
+            waiting = threading.Thread(target=owner_batch)
+            waiting.start()
+            time.sleep(0.2)
+            assert not entered.is_set()  # its CPU is lent out: the owner waits, never oversubscribes
+        assert entered.wait(5)  # the pass ended: the owner has its CPU back
+        with borrower.borrowing() as borrowed:
+            assert borrowed == 0  # and the next pass does not take it again
+        finish.set()
+        waiting.join(5)
 
 
-def test_the_encoder_runs_small_batches_on_borrowed_cpus(tiny_model_dir, monkeypatch, tmp_path):
+def test_the_encoder_runs_small_passes_on_borrowed_cpus(tiny_model_dir, monkeypatch, tmp_path):
     monkeypatch.setattr("handler.encoder.available_cpus", lambda: 2)
-    monkeypatch.setattr("handler.cpu_lending.lock_directory", lambda: tmp_path)
     placement = resolve_placement(Settings(), gpu_id=None, workers=2, cuda_available=False)
     assert (placement.cpu_threads, placement.lend_cpus) == (1, 2)
     engine = make_engine(tiny_model_dir, pass_overhead_tokens=32)
-    engine.encoder.placement = placement
-    engine.encoder.lending = CpuLending.join(2, 1, tmp_path)
+    encoder = engine.encoder
+    encoder.placement = placement
+    encoder.lending, other_worker = CpuLending.join(2, 1, tmp_path), CpuLending.join(2, 1, tmp_path)
     seen = []
-    run_pass = engine.encoder._run_pass
-    monkeypatch.setattr(engine.encoder, "_run_pass", lambda ids, mask: (seen.append(torch.get_num_threads()),
-                                                                        run_pass(ids, mask))[1])
-    engine.encoder.embed([[2] * 20])  # one small pass: both CPUs
-    engine.encoder.embed([[2] * 60] * 5)  # 300 padded tokens: its own CPU only
-    assert seen == [2, 1]
-    assert torch.get_num_threads() == 1  # back to its share after the batch
+    run_pass = encoder._run_pass
+    monkeypatch.setattr(encoder, "_run_pass", lambda ids, mask: (seen.append(torch.get_num_threads()),
+                                                                 run_pass(ids, mask))[1])
+    encoder.embed([[2] * 20])  # a small pass, the other worker idle: both CPUs
+    encoder.embed([[2] * 60] * 20)  # one pass of 1200 padded tokens: its own CPU only
+    with other_worker.batch():
+        encoder.embed([[2] * 20])  # the other worker busy: its own CPU only
+    assert seen == [2, 1, 1]
+    assert torch.get_num_threads() == 1  # back to its share after each pass
 
 
 def test_lending_is_off_with_explicit_threads_or_opted_out():
