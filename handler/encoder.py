@@ -1,7 +1,9 @@
 """The encoder: a transformer loaded from safetensors, run under inference_mode, and pooled.
 
 `embed` takes token ids in any order and returns pooled float32 vectors in the same order;
-internally it sorts by length and cuts forward passes under a padded-token budget.
+internally it sorts by length and cuts forward passes under a padded-token budget, at the
+least cost (handler/batching.py). On a CPU, small passes also borrow the CPUs other workers
+leave idle (handler/cpu_lending.py).
 
 Memory: a forward pass that runs out of memory (CUDA OOM, or MemoryError on a CPU) is split in
 two and retried, down to single inputs; only an input that does not fit alone fails, and the
@@ -62,7 +64,7 @@ class Placement:
     cpu_threads: int  # 0 on GPU: torch's default is left alone
     max_batch_tokens: int
     pad_multiple: int
-    # CPUs whose idle ones this worker may borrow for small batches; 0: no lending.
+    # CPUs among which this worker may borrow idle ones for small passes; 0: no lending.
     lend_cpus: int = 0
     # Under int8: the Linear layers kept in float32 (the rest are quantized). None: no int8.
     int8_fp32_layers: tuple[str, ...] | None = None
@@ -274,8 +276,9 @@ class Encoder:
                 torch.set_num_threads(self.placement.cpu_threads)
 
     def measure_pass_overhead(self) -> int:
-        """Time a one-input pass and a full one on this device, threads and dtype, and return
-        what a pass costs beyond its tokens, in tokens: the planner's price of one more pass."""
+        """Time a one-input pass and a CALIBRATION_TOKENS one on this device, threads and dtype,
+        and return what a pass costs beyond its tokens, in tokens: the planner's price of one
+        more pass."""
         length = min(64, self.max_positions or 64)
         rows = max(2, CALIBRATION_TOKENS // length)
         short, full = self._time_pass(1, length // 4), self._time_pass(rows, length)
