@@ -43,12 +43,12 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 # Padded tokens per forward pass when the setting is 0. Measured on a 2-core CPU with
 # all-MiniLM-L6-v2 (bench/): per token, passes of 256-2048 run at the same speed, 4096 about
-# 15% slower and 16384 up to 2x slower, as activations fall out of cache; a GPU needs large
-# passes to fill its cores.
-CPU_BATCH_TOKENS = 2048
+# 15% slower and 16384 up to 2x slower, as activations fall out of cache; 1024 keeps every
+# pass short enough to borrow idle CPUs (below). A GPU needs large passes to fill its cores.
+CPU_BATCH_TOKENS = 1024
 GPU_BATCH_TOKENS = 16384
 # A pass of at most this many padded tokens borrows idle CPUs: it ends within about 150 ms on
-# a CPU core, the longest an owner then waits to get its CPU back.
+# two CPU cores, the longest an owner then waits to get its CPU back.
 LEND_MAX_TOKENS = 1024
 # The timing passes behind the planner's pass cost: one short input, and this many tokens.
 CALIBRATION_TOKENS = 512
@@ -264,7 +264,7 @@ class Encoder:
 
     @contextmanager
     def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
-        """Run one pass on this worker's CPUs, plus every idle one when the pass is small."""
+        """Run one pass on this worker's CPUs, plus every idle one unless the pass is long."""
         if self.lending is None or ids.numel() > LEND_MAX_TOKENS:
             yield
             return

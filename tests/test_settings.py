@@ -60,7 +60,7 @@ def test_cpu_placement_defaults_to_float32_and_splits_cores(monkeypatch):
 def test_batch_token_budget_and_padding_follow_the_device():
     cpu = resolve_placement(Settings(), gpu_id=None, workers=1, cuda_available=False)
     gpu = resolve_placement(Settings(), gpu_id=0, workers=1, cuda_available=True)
-    assert (cpu.max_batch_tokens, cpu.pad_multiple) == (2048, 1)
+    assert (cpu.max_batch_tokens, cpu.pad_multiple) == (1024, 1)
     assert (gpu.max_batch_tokens, gpu.pad_multiple) == (16384, 8)
     assert resolve_placement(Settings(max_batch_tokens=300), None, 1, False).max_batch_tokens == 300
 
