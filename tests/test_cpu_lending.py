@@ -78,7 +78,7 @@ def test_an_owner_waits_one_pass_for_a_lent_cpu_and_keeps_it_from_then_on(tmp_pa
 
 def test_the_encoder_runs_small_passes_on_borrowed_cpus(tiny_model_dir, monkeypatch, tmp_path):
     monkeypatch.setattr("handler.encoder.available_cpus", lambda: 2)
-    placement = resolve_placement(Settings(), gpu_id=None, workers=2, cuda_available=False)
+    placement = resolve_placement(Settings(max_batch_tokens=2048), gpu_id=None, workers=2, cuda_available=False)
     assert (placement.cpu_threads, placement.lend_cpus) == (1, 2)
     engine = make_engine(tiny_model_dir, pass_overhead_tokens=32)
     encoder = engine.encoder
@@ -89,7 +89,7 @@ def test_the_encoder_runs_small_passes_on_borrowed_cpus(tiny_model_dir, monkeypa
     monkeypatch.setattr(encoder, "_run_pass", lambda ids, mask: (seen.append(torch.get_num_threads()),
                                                                  run_pass(ids, mask))[1])
     encoder.embed([[2] * 20])  # a small pass, the other worker idle: both CPUs
-    encoder.embed([[2] * 60] * 20)  # one pass of 1200 padded tokens: its own CPU only
+    encoder.embed([[2] * 60] * 20)  # one pass of 1200 padded tokens, over 1024: its own CPU only
     with other_worker.batch():
         encoder.embed([[2] * 20])  # the other worker busy: its own CPU only
     assert seen == [2, 1, 1]
