@@ -14,8 +14,8 @@ import numpy as np
 
 T = TypeVar("T")
 
-# What a forward pass costs beyond its tokens, in tokens, where it was not measured: all-MiniLM-L6-v2
-# on one CPU thread here runs an empty pass in the time of about 28 tokens (bench/).
+# What a forward pass costs beyond its tokens, in tokens, where it was not measured: workers
+# serving all-MiniLM-L6-v2 on this 2-core machine measured 12-55 at warm-up (docs/performance.md).
 DEFAULT_PASS_OVERHEAD_TOKENS = 32
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModel
 from transformers.utils import logging as transformers_logging
 
-from handler.batching import DEFAULT_PASS_OVERHEAD_TOKENS, padded_length, plan_sub_batches
+from handler.batching import padded_length, plan_sub_batches
 from handler.cpu_lending import CpuLending
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
 from handler.model_files import ModelFilesError
@@ -178,7 +178,7 @@ class Encoder:
     """A transformer encoder plus pooling: token ids in, one float32 vector per input out."""
 
     def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: str, pad_id: int,
-                 max_batch_size: int, pass_overhead_tokens: int = DEFAULT_PASS_OVERHEAD_TOKENS):
+                 max_batch_size: int, pass_overhead_tokens: int):
         if pooling not in POOLING_MODES:
             raise ModelFilesError(
                 f"the model asks for '{pooling}' pooling, which is not supported; "
@@ -227,7 +227,7 @@ class Encoder:
                                    self.placement.pad_multiple, self.pass_overhead_tokens)
         padded = passes = 0
         too_large: set[int] = set()
-        with torch.inference_mode(), self._own_cpus():
+        with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
             while pending:
                 indices = pending.pop(0)
                 ids, mask = self._pad([token_ids[i] for i in indices])
@@ -253,14 +253,6 @@ class Encoder:
                 passes += 1
         return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
-
-    @contextmanager
-    def _own_cpus(self) -> Iterator[None]:
-        if self.lending is None:
-            yield
-            return
-        with self.lending.batch():
-            yield
 
     @contextmanager
     def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:

@@ -51,8 +51,8 @@ class Settings:
     pass_overhead_tokens: int = 0
     # Torch intra-op threads per worker; 0 means CPU cores divided by the worker count.
     cpu_threads: int = 0
-    # With automatic cpu_threads, a CPU worker runs a small batch on every CPU no other worker
-    # is using at that moment (handler/cpu_lending.py), cutting latency at low load.
+    # With automatic cpu_threads, a CPU worker runs each forward pass of up to 1024 tokens on
+    # every CPU no other worker is using or waiting for (handler/cpu_lending.py).
     lend_idle_cpus: bool = True
     # Run one embedding in initialize so a READY worker has really embedded.
     warmup: bool = True
