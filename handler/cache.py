@@ -1,8 +1,9 @@
 """Embedding cache: an in-process LRU in front of an optional shared Redis.
 
 What is cached is the model's pooled float32 vector for one exact model input, keyed by a hash
-of the model's identity (name, weights revision, dtype, pooling) and the token ids the model
-sees. Every request option that changes what the model computes (prompt, truncation side,
+of the model's identity (name, weights revision, dtype and int8 layers, the pipeline after the
+transformer) and the token ids the model sees, plus the prompt tokens pooling leaves out where a
+Pooling module excludes the prompt. Every request option that changes what the model computes (prompt, truncation side,
 truncate on or off, max_length) is therefore part of the key by construction, because it changes
 those ids. The options applied after the model (normalize, dimensions, output dtype, encoding)
 run on the cached vector per request, so one entry serves them all and the answer is the same
@@ -129,9 +130,12 @@ class EmbeddingCache:
         self.memory = memory
         self.redis = redis
 
-    def key(self, ids: Sequence[int]) -> bytes:
+    def key(self, ids: Sequence[int], unpooled: int = 0) -> bytes:
+        """The same ids give another vector when pooling leaves out their first `unpooled` tokens."""
         digest = hashlib.blake2b(self._namespace, digest_size=20)
         digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+        if unpooled:
+            digest.update(b"|unpooled:%d" % unpooled)
         return digest.digest()
 
     def lookup(self, keys: Sequence[bytes]) -> Lookup:

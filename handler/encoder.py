@@ -29,8 +29,9 @@ from transformers.utils import logging as transformers_logging
 from handler.batching import padded_length, plan_sub_batches
 from handler.cpu_lending import CpuLending
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
-from handler.model_files import ModelFilesError
-from handler.pooling import POOLING_MODES, pool
+from handler.head import load_head, out_features
+from handler.model_files import HeadModule, Pooling
+from handler.pooling import PROMPT, pool
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -177,33 +178,31 @@ def _is_device_failure(err: BaseException) -> bool:
 class Encoder:
     """A transformer encoder plus pooling: token ids in, one float32 vector per input out."""
 
-    def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: str, pad_id: int,
-                 max_batch_size: int, pass_overhead_tokens: int):
-        if pooling not in POOLING_MODES:
-            raise ModelFilesError(
-                f"the model asks for '{pooling}' pooling, which is not supported; "
-                f"set handler setting 'pooling' to one of {', '.join(POOLING_MODES)}"
-            )
+    def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: Pooling,
+                 head: Sequence[HeadModule] = (), pad_id: int, max_batch_size: int, pass_overhead_tokens: int,
+                 max_positions: int | None = None):
         self.model_dir = Path(model_dir)
         self.placement = placement
         self.pooling = pooling
         self.pad_id = pad_id
         self.max_batch_size = max_batch_size
         self.pass_overhead_tokens = pass_overhead_tokens
+        # Tokens per input the position embeddings allow; None for rotary models.
+        self.max_positions = max_positions
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
         self.lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
         self.model = self._load_model()
         self.faults = FaultInjection.from_env()
-        self.dimension = int(self.model.config.hidden_size)
+        pooled_width = int(self.model.config.hidden_size) * len(pooling.modes)
+        self.head = load_head(self.model_dir, head, pooled_width, placement.device)
+        self.dimension = out_features(self.head, pooled_width)
         self.graphs: GraphRunner | None = None
         if placement.cuda_graph_buckets:
             with torch.inference_mode():
                 self.graphs = GraphRunner.capture(self._pooled, placement.cuda_graph_buckets, pad_id=pad_id,
                                                   device=placement.device,
                                                   max_bytes=placement.cuda_graph_max_bytes)
-        # None when the architecture has no absolute positions (rotary models).
-        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
 
     def _load_model(self) -> torch.nn.Module:
         kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)
@@ -219,8 +218,9 @@ class Encoder:
             model = torch.compile(model, dynamic=True)
         return model
 
-    def embed(self, token_ids: Sequence[Sequence[int]]) -> Embedded:
-        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order."""
+    def embed(self, token_ids: Sequence[Sequence[int]], unpooled: Sequence[int] | None = None) -> Embedded:
+        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order.
+        `unpooled[i]`: how many of item i's first tokens pooling leaves out (an excluded prompt)."""
         lengths = [len(ids) for ids in token_ids]
         out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32)
         pending = plan_sub_batches(lengths, self.placement.max_batch_tokens, self.max_batch_size,
@@ -230,7 +230,8 @@ class Encoder:
         with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
             while pending:
                 indices = pending.pop(0)
-                ids, mask = self._pad([token_ids[i] for i in indices])
+                ids, mask = self._pad([token_ids[i] for i in indices],
+                                      [unpooled[i] for i in indices] if unpooled else None)
                 try:
                     with self._cpus_for_pass(ids):
                         out[indices] = self._forward(ids, mask)
@@ -300,21 +301,27 @@ class Encoder:
         return self.graphs.run(ids, mask) if self.graphs is not None else self._pooled(ids, mask)
 
     def _pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (batch, seq, hidden)
-        return pool(hidden, mask, self.pooling)  # (batch, hidden)
+        """(batch, seq) ids and pooling mask (handler/pooling.py) -> (batch, dimension) float32."""
+        attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
+        hidden = self.model(input_ids=ids, attention_mask=attention).last_hidden_state  # (batch, seq, hidden)
+        pooled = pool(hidden, mask, self.pooling.modes)  # (batch, hidden * modes)
+        return pooled if self.head is None else self.head(pooled)
 
     def _release_memory(self) -> None:
         if self.placement.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _pad(self, rows: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-pad to the longest row, rounded up to the placement's multiple."""
+    def _pad(self, rows: list[Sequence[int]], unpooled: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-pad to the longest row, rounded up to the placement's multiple; the mask marks
+        padding, pooled tokens and prompt tokens pooling leaves out (handler/pooling.py)."""
         length = padded_length(max(len(r) for r in rows), self.placement.pad_multiple)
         ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask[i, : len(row)] = 1
+            if unpooled:
+                mask[i, : min(unpooled[i], len(row))] = PROMPT
         device = self.placement.device
         return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
 
@@ -341,13 +348,15 @@ def quantize_int8(model: torch.nn.Module, keep_fp32: Sequence[str] = ()) -> torc
 
 def resolve_max_length(setting: int, st_max_seq_length: int | None, tokenizer_limit: int | None,
                        max_positions: int | None) -> int:
-    """The token limit per input: the setting, else sentence-transformers', else the tokenizer's,
-    never beyond the position embeddings."""
+    """The token limit per input: the setting, else sentence-transformers' max_seq_length (which
+    it applies over the tokenizer's own limit), else the tokenizer's; never beyond the positions
+    the architecture can use (XLM-R: 512 of its 514 position embeddings)."""
     positions = max_positions or 10**9
     if setting:
         if setting > positions:
-            raise ValueError(f"handler setting 'max_length': {setting} exceeds the model's {positions} positions")
+            raise ValueError(f"handler setting 'max_length': {setting} exceeds the {positions} positions this "
+                             "model can use")
         return setting
     if not tokenizer_limit or tokenizer_limit > 10**6:  # transformers' "no limit" sentinel
         tokenizer_limit = positions
-    return min(st_max_seq_length or tokenizer_limit, tokenizer_limit, positions)
+    return min(st_max_seq_length or tokenizer_limit, positions)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,7 +27,8 @@ from handler.codec import (
 from handler.encoder import Encoder, Placement, resolve_max_length
 from handler.errors import RequestError, internal_error, out_of_memory, too_large, unavailable, unprocessable
 from handler.metrics import BatchReport
-from handler.model_files import describe_model
+from handler.model_files import ModelDescription, describe_model
+from handler.model_files import Pooling as ModelPooling
 from handler.pooling import l2_normalize
 from handler.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from handler.settings import Settings
@@ -58,11 +59,19 @@ class _Job:
     request: EmbeddingRequest
     ids: list[list[int]]
     normalize: bool
+    unpooled: int = 0  # first tokens of each input that pooling leaves out (an excluded prompt)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    tokens: int  # its tokens without special tokens: what truncation never cuts
+    unpooled: int  # what pooling leaves out: 0 unless the Pooling module excludes the prompt
 
 
 class EmbeddingEngine:
     def __init__(self, tokenizer: TextTokenizer, encoder: Encoder, settings: Settings, *, model_name: str,
-                 max_length: int, prompts: dict[str, str], default_prompt: str,
+                 max_length: int, prompts: dict[str, str], default_prompt: str, description: ModelDescription,
                  cache: EmbeddingCache | None = None):
         self.tokenizer = tokenizer
         self.encoder = encoder
@@ -72,26 +81,43 @@ class EmbeddingEngine:
         self.prompts = prompts
         self.default_prompt = default_prompt
         self.cache = cache
+        self.description = description
+        self._prompt_tokens = {text: self._measure_prompt(text) for text in {default_prompt, *prompts.values()}}
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: Settings, placement: Placement, model_name: str) -> "EmbeddingEngine":
         description = describe_model(model_dir)
-        tokenizer = TextTokenizer(model_dir)
+        tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case)
+        pooling = description.pooling or ModelPooling(("mean",))
+        if settings.pooling != "auto":
+            pooling = ModelPooling((settings.pooling,), include_prompt=pooling.include_prompt)
+        description = replace(description, pooling=pooling)
         encoder = Encoder(
             model_dir, placement,
-            pooling=settings.pooling if settings.pooling != "auto" else (description.pooling or "mean"),
+            pooling=pooling,
+            head=description.head,
             pad_id=tokenizer.pad_id,
             max_batch_size=settings.max_batch_size,
             pass_overhead_tokens=settings.pass_overhead_tokens or DEFAULT_PASS_OVERHEAD_TOKENS,
+            max_positions=description.usable_positions,
         )
         max_length = resolve_max_length(settings.max_length, description.max_seq_length,
-                                         tokenizer.model_max_length, encoder.max_positions)
+                                         tokenizer.model_max_length, description.usable_positions)
         default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
-        dtype = "int8" if placement.int8_fp32_layers is not None else str(placement.dtype)
+        # Everything that changes a vector for the same token ids: weights (the revision hashes
+        # the pipeline modules' too), how they run, and the pipeline after the transformer.
+        dtype = "int8:" + ",".join(placement.int8_fp32_layers) if placement.int8_fp32_layers is not None \
+            else str(placement.dtype)
         cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
-                           identity=f"{settings.revision}|{dtype}|{encoder.pooling}")
+                           identity=f"{settings.revision}|{dtype}|{'/'.join(description.modules)}")
         return cls(tokenizer, encoder, settings, model_name=model_name, max_length=max_length,
-                   prompts=description.prompts, default_prompt=default_prompt, cache=cache)
+                   prompts=description.prompts, default_prompt=default_prompt, cache=cache, description=description)
+
+    def _measure_prompt(self, text: str) -> Prompt:
+        if not text:
+            return Prompt("", 0, 0)
+        return Prompt(text, tokens=len(self.tokenizer.body_ids([text])[0]),
+                      unpooled=0 if self.encoder.pooling.include_prompt else self.tokenizer.prompt_length(text))
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
@@ -116,7 +142,9 @@ class EmbeddingEngine:
             "device": str(placement.device),
             "embedding_dimension": self.encoder.dimension,
             "max_input_length": self.max_length,
-            "pooling": self.encoder.pooling,
+            "architecture": self.description.model_type,
+            "pooling": self.encoder.pooling.name,
+            "modules": self.description.modules,
             "normalize": self.settings.normalize,
             "auto_truncate": self.settings.truncate,
             "prompts": self.prompts,
@@ -163,7 +191,9 @@ class EmbeddingEngine:
 
         ids, spans = flatten([job.ids for job in jobs.values()])
         if ids:
-            vectors, unfit = self._embed(ids, report) if self.cache is None else self._embed_cached(ids, report)
+            unpooled = [job.unpooled for job in jobs.values() for _ in job.ids]
+            vectors, unfit = self._embed(ids, unpooled, report) if self.cache is None else \
+                self._embed_cached(ids, unpooled, report)
             report.model_ms, clock = _since(clock)
             for (index, job), span in zip(jobs.items(), spans):
                 failed = [i - span.start for i in range(span.start, span.stop) if i in unfit]
@@ -186,24 +216,27 @@ class EmbeddingEngine:
         body = encode_error(unavailable(f"{reason}; this worker is being replaced, retry the request"))
         return [Response(503, body, {"retry-after": "1"}) for _ in raw_requests]
 
-    def _embed(self, ids: list[list[int]], report: BatchReport) -> tuple[torch.Tensor, frozenset[int]]:
+    def _embed(self, ids: list[list[int]], unpooled: list[int], report: BatchReport
+               ) -> tuple[torch.Tensor, frozenset[int]]:
         """Vectors in input order, and the inputs that did not fit in memory even alone."""
-        embedded = self.encoder.embed(ids)
+        embedded = self.encoder.embed(ids, unpooled if any(unpooled) else None)
         report.forward_passes += embedded.passes
         report.real_tokens += embedded.real_tokens
         report.padded_tokens += embedded.padded_tokens
         return embedded.vectors, embedded.too_large
 
-    def _embed_cached(self, ids: list[list[int]], report: BatchReport) -> tuple[torch.Tensor, frozenset[int]]:
+    def _embed_cached(self, ids: list[list[int]], unpooled: list[int], report: BatchReport
+                      ) -> tuple[torch.Tensor, frozenset[int]]:
         """Vectors from the cache where present; the model runs once per distinct missing input."""
         cache = self.cache
-        keys = [cache.key(item) for item in ids]
+        keys = [cache.key(item, skip) for item, skip in zip(ids, unpooled)]
         lookup = cache.lookup(keys)
         missing = {key: i for i, key in enumerate(keys) if key not in lookup.found}  # first index per key
         computed: dict[bytes, np.ndarray] = {}
         failed_keys: set[bytes] = set()
         if missing:
-            fresh, unfit = self._embed([ids[i] for i in missing.values()], report)
+            fresh, unfit = self._embed([ids[i] for i in missing.values()], [unpooled[i] for i in missing.values()],
+                                       report)
             for position, (key, row) in enumerate(zip(missing, fresh.numpy())):
                 if position in unfit:
                     failed_keys.add(key)
@@ -226,9 +259,11 @@ class EmbeddingEngine:
         normalize = self.settings.normalize if options.normalize is None else options.normalize
         self._check_limits(request)
         self._check_options(request, normalize)
-        bodies = self._bodies(request, self._prompt(options.prompt_name))
+        prompt = self._prompt(options.prompt_name)
+        bodies = self._bodies(request, prompt.text)
         truncate = self.settings.truncate if options.truncate is None else options.truncate
-        tokenized = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction) for body in bodies]
+        tokenized = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction, keep=prompt.tokens)
+                     for body in bodies]
         for i, item in enumerate(tokenized):
             if not truncate and item.full_length > self.max_length:
                 raise too_large(
@@ -239,7 +274,7 @@ class EmbeddingEngine:
         if total > self.settings.max_tokens_per_request:
             raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
                             f"{self.settings.max_tokens_per_request}", param=request.field)
-        return _Job(request, [item.ids for item in tokenized], normalize)
+        return _Job(request, [item.ids for item in tokenized], normalize, prompt.unpooled)
 
     def _check_limits(self, request: EmbeddingRequest) -> None:
         """Input count and characters per text, both before any tokenizing."""
@@ -262,39 +297,40 @@ class EmbeddingEngine:
                                 "normalized embeddings; drop \"normalize\": false or use float/binary",
                                 param="output_dtype")
 
-    def _prompt(self, name: str | None) -> str:
+    def _prompt(self, name: str | None) -> Prompt:
         if name is None:
-            return self.default_prompt
+            return self._prompt_tokens[self.default_prompt]
         if name not in self.prompts:
             known = ", ".join(sorted(self.prompts)) or "none (the model defines no prompts)"
             raise unprocessable(f"unknown 'prompt_name' '{name}'; known: {known}", param="prompt_name")
-        return self.prompts[name]
+        return self._prompt_tokens[self.prompts[name]]
 
     def _bodies(self, request: EmbeddingRequest, prompt: str) -> list[list[int]]:
-        """Token ids without special tokens for each input, the prompt in front."""
+        """Token ids without special tokens for each input, the prompt in front: `prompt + text`
+        tokenized as one string, as sentence-transformers does. With a prompt, token-id inputs are
+        the text they decode to, so that both forms of one text give the same vector."""
         texts: dict[int, str] = {}
         bodies: list[list[int] | None] = []
-        # Token-id inputs get the prompt as ids; tokenized only when such an input is present.
-        prompt_ids = self.tokenizer.body_ids([prompt])[0] if prompt and not all(
-            isinstance(item, str) for item in request.inputs) else []
         for i, item in enumerate(request.inputs):
             if isinstance(item, str):
                 texts[i] = prompt + item
                 bodies.append(None)
-            else:
-                for j, token in enumerate(item):
-                    if token >= self.tokenizer.vocab_size:
-                        raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
-                                            f"vocabulary of {self.tokenizer.vocab_size}",
-                                            param=f"{request.field}[{i}][{j}]")
-                bodies.append(prompt_ids + list(item))
+                continue
+            for j, token in enumerate(item):
+                if token >= self.tokenizer.vocab_size:
+                    raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
+                                        f"vocabulary of {self.tokenizer.vocab_size}",
+                                        param=f"{request.field}[{i}][{j}]")
+            if prompt:
+                texts[i] = prompt + self.tokenizer.decode(item)
+            bodies.append(None if prompt else list(item))
         for i, ids in zip(texts, self.tokenizer.body_ids(list(texts.values()))):
             bodies[i] = ids
         return bodies
 
     def _tokenize(self, request: EmbeddingRequest) -> bytes:
         self._check_limits(request)
-        prompt = self._prompt(request.options.prompt_name)
+        prompt = self._prompt(request.options.prompt_name).text
         texts = [prompt + text for text in request.inputs]
         return encode_tokens(self.tokenizer.tokens(texts, request.options.add_special_tokens))
 

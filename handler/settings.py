@@ -10,9 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from handler.model_files import POOLING_MODES
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
-POOLINGS = ("auto", "mean", "cls", "last_token")
+POOLINGS = ("auto", *POOLING_MODES)
 
 
 class SettingsError(ValueError):
@@ -35,7 +37,8 @@ class Settings:
     # Linear layers kept in float32 under int8, chosen by the build's calibration (the ones
     # whose quantization costs the most accuracy).
     int8_fp32_layers: tuple[str, ...] = ()
-    # "auto": read from the model's sentence-transformers files, else mean.
+    # "auto": read from the model's sentence-transformers files, else mean; or one of
+    # POOLING_MODES, which replaces the modes of the model's own Pooling module.
     pooling: str = "auto"
     normalize: bool = True
     # Token limit per input; 0 means the model's own (sentence-transformers max_seq_length,

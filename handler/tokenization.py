@@ -1,10 +1,14 @@
 """Tokenization with the model's fast tokenizer: texts or token ids to model input ids.
 
 Texts are tokenized without special tokens, truncated on the requested side to leave room for
-them, and wrapped in the model's special tokens ([CLS] ... [SEP], <s> ... </s>, ...). This gives
-exactly what `tokenizer(text, truncation=True, max_length=...)` gives, for either truncation
-side per request, plus each input's full length for "too long" errors, without mutating any
-shared tokenizer state.
+them, and wrapped in the model's special tokens ([CLS] ... [SEP], <s> ... </s>, ... </s>, or the
+end-of-text token a decoder's tokenizer appends). This gives exactly what
+`tokenizer(text, truncation=True, max_length=...)` gives, for either truncation side per request,
+plus each input's full length for "too long" errors, without mutating any shared tokenizer state.
+
+A prompt is tokenized together with its text, as sentence-transformers does (`prompt + text`, one
+string: the tokens at the seam are the model's own), and truncation never cuts into it: on either
+side it cuts the text only.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 from transformers import AutoTokenizer
 
 from handler.model_files import ModelFilesError
@@ -26,7 +30,7 @@ class Tokenized:
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, lowercase: bool = False):
         hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
         backend = getattr(hf_tokenizer, "backend_tokenizer", None)
         if not isinstance(backend, Tokenizer):
@@ -35,6 +39,11 @@ class TextTokenizer:
         self.backend = Tokenizer.from_str(backend.to_str())
         self.backend.no_truncation()
         self.backend.no_padding()
+        if lowercase:  # sentence-transformers' do_lower_case: a Lowercase normalizer in front
+            current = self.backend.normalizer
+            self.backend.normalizer = normalizers.Sequence(
+                [normalizers.Lowercase(), *([current] if current is not None else [])])
+        self.special_ids = frozenset(hf_tokenizer.all_special_ids)
         self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
         self.model_max_length = hf_tokenizer.model_max_length
         pad_id = hf_tokenizer.pad_token_id
@@ -54,13 +63,28 @@ class TextTokenizer:
         """Token ids without special tokens, nothing truncated."""
         return [encoding.ids for encoding in self.backend.encode_batch_fast(list(texts), add_special_tokens=False)]
 
-    def assemble(self, body: Sequence[int], max_length: int, direction: str) -> Tokenized:
-        """Wrap a body in special tokens, cutting it on `direction` so the result fits max_length."""
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def prompt_length(self, prompt: str) -> int:
+        """The prompt's tokens, special tokens in front included, the trailing one not: what
+        sentence-transformers leaves out of pooling when a Pooling module excludes the prompt."""
+        ids = self.prefix + self.body_ids([prompt])[0] + self.suffix
+        return len(ids) - 1 if ids and ids[-1] in self.special_ids else len(ids)
+
+    def assemble(self, body: Sequence[int], max_length: int, direction: str, keep: int = 0) -> Tokenized:
+        """Wrap a body in special tokens, cutting it on `direction` so the result fits max_length;
+        the first `keep` tokens of the body (a prompt) are never cut."""
         specials = len(self.prefix) + len(self.suffix)
         full_length = len(body) + specials
         room = max(0, max_length - specials)
         if len(body) > room:
-            body = body[len(body) - room :] if direction == "left" else body[:room]
+            keep = min(keep, room)
+            text_room = room - keep
+            if direction == "left":
+                body = list(body[:keep]) + list(body[len(body) - text_room :] if text_room else [])
+            else:
+                body = body[:room]
         return Tokenized(self.prefix + list(body) + self.suffix, full_length)
 
     def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
