@@ -3,7 +3,8 @@
     python -m archive.build [--model PATH_OR_HUB_ID] [--name NAME] [--version V] ...
 
 Steps: fetch or locate the model; stage its files with safetensors weights; write
-model-config.yaml from the template; check that the staged model embeds; pack the handler
+model-config.yaml from the template; load the staged model as a worker would, report what it
+found and check its vectors against sentence-transformers where installed (archive/smoke.py); pack the handler
 package, the model and the config with torch-model-archiver; scan the archive for pickles;
 record batch size, delay and workers in config.properties (`models=`), as in model-config.yaml.
 """
@@ -26,6 +27,7 @@ from archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
 from archive.default_model import NAME as DEFAULT_NAME
 from archive.default_model import fetch_default_model
 from archive.digest import sha256_files
+from archive.smoke import SmokeError, check_model
 from archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from archive.metrics_config import write_metrics_config
 from archive.ts_config import register_model, update_properties
@@ -48,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--version", default="1.0")
     p.add_argument("--dtype", default="auto",
                    help="auto | float32 | float16 | bfloat16 | int8 (CPU; calibrated at build time, about a minute)")
-    p.add_argument("--pooling", default="auto", help="auto | mean | cls | last_token")
+    p.add_argument("--pooling", default="auto",
+                   help="auto (the model's own) | mean | cls | last_token | max | mean_sqrt_len_tokens | weightedmean")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--max-length", type=int, default=0, help="tokens per input (0: the model's limit)")
     p.add_argument("--no-normalize", action="store_true", help="return unnormalized embeddings")
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         mar = build(args)
-    except (BuildError, StageError, ValueError, RuntimeError, OSError) as err:
+    except (BuildError, StageError, SmokeError, ValueError, RuntimeError, OSError) as err:
         print(f"build_mar: error: {err}", file=sys.stderr)
         return 1
     print(f"built {mar}")
@@ -105,7 +108,8 @@ def build(args: argparse.Namespace) -> Path:
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         if not args.skip_check:
-            check_embeds(stage / "model", config["handler"])
+            for line in check_model(stage / "model", config["handler"]):
+                print(f"  {line}", file=sys.stderr)
         mar = run_archiver(args, stage, config_file)
 
     pickles = pickled_members(mar)
@@ -180,8 +184,9 @@ def _model_id(args: argparse.Namespace) -> str:
 
 
 def weights_revision(model_dir: Path) -> str:
-    """A content hash of the weights, so /info tells exactly which weights are served."""
-    return "sha256:" + sha256_files(sorted(model_dir.glob("*.safetensors")))[:16]
+    """A content hash of the weights, the pipeline modules' included, so /info tells exactly which
+    weights are served (and the cache keys on them)."""
+    return "sha256:" + sha256_files(sorted(model_dir.rglob("*.safetensors")))[:16]
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:
@@ -208,18 +213,6 @@ def _parse_settings(pairs: list[str]) -> dict:
             raise BuildError(f"--set {pair!r}: expected KEY=VALUE")
         settings[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     return settings
-
-
-def check_embeds(model_dir: Path, handler_section: dict) -> None:
-    """Load the staged model as a worker would (on CPU) and embed one text."""
-    from handler.encoder import resolve_placement
-    from handler.engine import EmbeddingEngine
-    from handler.settings import Settings
-
-    dtype = "int8" if handler_section["dtype"] == "int8" else "float32"  # GPU dtypes are checked as float32
-    settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
-    placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
-    EmbeddingEngine.load(model_dir, settings, placement, model_name="check").warmup()
 
 
 def run_archiver(args: argparse.Namespace, stage: Path, config_file: Path) -> Path:

@@ -1,7 +1,8 @@
 """Copy a Hugging Face model folder into a staging folder with safetensors weights only.
 
-What is copied: config.json, tokenizer files, sentence-transformers description files, and
-the weights. Pickled weights (`pytorch_model.bin`) are converted to safetensors with
+What is copied: config.json, tokenizer files, sentence-transformers description files, the
+weights, and each pipeline module's folder (its config.json and weights: a Dense or LayerNorm
+module has its own). Pickled weights (`pytorch_model.bin`) are converted to safetensors with
 `torch.load(weights_only=True)`, which refuses arbitrary objects; a checkpoint that needs
 more than tensors is refused. Nothing pickled is ever copied.
 """
@@ -38,6 +39,7 @@ def stage_model(source: Path, target: Path) -> None:
         if (source / folder / "config.json").is_file():
             (target / folder).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / folder / "config.json", target / folder / "config.json")
+            _stage_weights(source / folder, target / folder, required=False)
     _stage_weights(source, target)
     if not (target / "tokenizer.json").is_file():
         _convert_tokenizer(source, target)
@@ -59,7 +61,7 @@ def _module_folders(source: Path) -> list[str]:
     return [str(safe_relative(f, "modules.json path")) for f in folders if f]
 
 
-def _stage_weights(source: Path, target: Path) -> None:
+def _stage_weights(source: Path, target: Path, required: bool = True) -> None:
     index = source / "model.safetensors.index.json"
     if (source / "model.safetensors").is_file():
         shutil.copyfile(source / "model.safetensors", target / "model.safetensors")
@@ -69,7 +71,7 @@ def _stage_weights(source: Path, target: Path) -> None:
             shutil.copyfile(source / safe_relative(shard, "weight shard"), target / shard)
     elif (source / "pytorch_model.bin").is_file():
         _convert_pickled_weights(source / "pytorch_model.bin", target / "model.safetensors")
-    else:
+    elif required:
         raise StageError(f"{source} has no weights: expected model.safetensors or pytorch_model.bin")
 
 

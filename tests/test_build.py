@@ -129,7 +129,7 @@ def test_module_path_escaping_the_folder_is_refused(tmp_path, config, capsys):
     "args, message",
     [
         (["--dtype", "float64"], "'dtype'"),
-        (["--pooling", "max"], "'pooling'"),
+        (["--pooling", "median"], "'pooling'"),
         (["--batch-size", "0"], "--batch-size"),
         (["--name", "bad name!"], "--name"),
     ],

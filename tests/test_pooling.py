@@ -1,7 +1,13 @@
+"""Pooling against sentence-transformers' own Pooling module: every mode, concatenations, prompt
+tokens left out of pooling, half precision."""
+
 import pytest
 import torch
 
-from handler.pooling import l2_normalize, pool
+from handler.model_files import POOLING_MODES
+from handler.pooling import POOLED, PROMPT, l2_normalize, pool
+
+ST_NAMES = {"last_token": "lasttoken"}
 
 
 @pytest.fixture
@@ -11,46 +17,64 @@ def batch():
     lengths = [7, 3, 1, 5]
     mask = torch.zeros(4, 7, dtype=torch.long)
     for row, length in enumerate(lengths):
-        mask[row, :length] = 1
-    return hidden, mask, lengths
+        mask[row, :length] = POOLED
+    return hidden, mask
 
 
-def reference(hidden, lengths, mode):
-    """Loop-based float64 reference over the real tokens only."""
-    rows = []
-    for row, length in enumerate(lengths):
-        tokens = hidden[row, :length].double()
-        rows.append({"mean": tokens.mean(0), "cls": tokens[0], "last_token": tokens[-1]}[mode])
-    return torch.stack(rows)
+def sentence_transformers_pooling(hidden, mask, modes, prompt_length=0):
+    """sentence-transformers' Pooling on the same right-padded batch (one prompt length for all rows,
+    as it supports)."""
+    from sentence_transformers.sentence_transformer.modules.pooling import Pooling
+
+    module = Pooling(hidden.shape[-1], pooling_mode=tuple(ST_NAMES.get(m, m) for m in modes),
+                     include_prompt=prompt_length == 0)
+    features = {"token_embeddings": hidden, "attention_mask": (mask > 0).long()}
+    if prompt_length:
+        features["prompt_length"] = prompt_length
+    return module(features)["sentence_embedding"]
 
 
-@pytest.mark.parametrize("mode", ["mean", "cls", "last_token"])
-def test_pooling_matches_float64_reference(batch, mode):
-    hidden, mask, lengths = batch
-    got = pool(hidden, mask, mode)
-    assert got.dtype == torch.float32 and got.shape == (4, 16)
-    torch.testing.assert_close(got.double(), reference(hidden, lengths, mode), rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("modes", [(mode,) for mode in POOLING_MODES] + [("cls", "mean"), ("max", "mean", "last_token")])
+def test_pooling_matches_sentence_transformers(batch, modes):
+    hidden, mask = batch
+    got = pool(hidden, mask, modes)
+    assert got.dtype == torch.float32 and got.shape == (4, 16 * len(modes))
+    torch.testing.assert_close(got, sentence_transformers_pooling(hidden, mask, modes), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["mean", "cls", "last_token"])
+@pytest.mark.parametrize("mode", POOLING_MODES)
+def test_prompt_tokens_are_left_out_as_sentence_transformers_does(batch, mode):
+    hidden, mask = batch
+    mask = mask.clone()
+    mask[[0, 1, 3], :2] = PROMPT  # rows long enough to hold a 2-token prompt
+    rows = [0, 1, 3]
+    got = pool(hidden[rows], mask[rows], (mode,))
+    want = sentence_transformers_pooling(hidden[rows], mask[rows], (mode,), prompt_length=2)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if mode != "last_token":  # the last token is never part of the prompt
+        assert not torch.allclose(got, pool(hidden[rows], (mask[rows] > 0).long(), (mode,)))
+
+
+@pytest.mark.parametrize("mode", POOLING_MODES)
 def test_half_precision_states_pool_in_float32(batch, mode):
-    hidden, mask, lengths = batch
-    got = pool(hidden.to(torch.bfloat16), mask, mode)
+    hidden, mask = batch
+    got = pool(hidden.to(torch.bfloat16), mask, (mode,))
     assert got.dtype == torch.float32
-    torch.testing.assert_close(got.double(), reference(hidden, lengths, mode), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, pool(hidden, mask, (mode,)), rtol=2e-2, atol=2e-2)
 
 
-def test_padding_does_not_change_mean(batch):
-    hidden, mask, _ = batch
+@pytest.mark.parametrize("mode", POOLING_MODES)
+def test_padding_does_not_leak_in(batch, mode):
+    hidden, mask = batch
     noisy = hidden.clone()
     noisy[mask == 0] = 1e6  # whatever sits in padded positions must not leak in
-    torch.testing.assert_close(pool(noisy, mask, "mean"), pool(hidden, mask, "mean"))
+    torch.testing.assert_close(pool(noisy, mask, (mode,)), pool(hidden, mask, (mode,)))
 
 
 def test_unknown_mode_is_an_error(batch):
-    hidden, mask, _ = batch
+    hidden, mask = batch
     with pytest.raises(ValueError, match="unknown pooling"):
-        pool(hidden, mask, "max")
+        pool(hidden, mask, ("median",))
 
 
 def test_l2_normalize_gives_unit_rows():

@@ -28,7 +28,7 @@ def test_yaml_string_spellings_are_accepted():
     [
         ({"dtyp": "float32"}, "dtyp"),
         ({"dtype": "float64"}, "dtype"),
-        ({"pooling": "max"}, "pooling"),
+        ({"pooling": "median"}, "pooling"),
         ({"device": "tpu"}, "device"),
         ({"normalize": "yes"}, "normalize"),
         ({"max_length": -1}, "max_length"),
