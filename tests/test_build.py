@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 import yaml
 
 from archive.build import main as build_main
@@ -186,3 +187,52 @@ def test_int8_build_records_its_calibration(tiny_model_dir, config, tmp_path):
     assert isinstance(kept, list) and all(name.startswith("encoder.layer.") for name in kept)
     engine = make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=kept)
     assert engine.info()["model_dtype"] == "int8"
+
+
+def test_build_reports_the_pipeline_and_ships_module_weights(tmp_path, config, capsys):
+    """LaBSE's shape from a pickled Dense checkpoint: the Dense weights are converted and shipped,
+    the report names what was found, and the vectors were compared with sentence-transformers."""
+    from tests.model_families import make_family
+
+    source = make_family("bert_dense", tmp_path / "labse")
+    dense = load_file(str(source / "2_Dense" / "model.safetensors"))
+    (source / "2_Dense" / "model.safetensors").unlink()
+    torch.save(dense, source / "2_Dense" / "pytorch_model.bin")
+    assert run_build(config, "--model", str(source), "--name", "labse") == 0
+    err = capsys.readouterr().err
+    for line in ("architecture: bert (BertModel)", "pipeline: Transformer -> Pooling(cls) -> Dense(32->24, Tanh) -> "
+                 "Normalize", "max length: 64 tokens", "dimension: 24", "sentence-transformers: min cosine 1.0000"):
+        assert line in err, err
+    mar = config.parent / "store" / "labse.mar"
+    with zipfile.ZipFile(mar) as archive:
+        assert "model/2_Dense/model.safetensors" in archive.namelist()
+    assert pickled_members(mar) == []
+
+
+def test_unsupported_pipeline_module_fails_the_build_naming_it(tmp_path, config, capsys):
+    source = make_tiny_model(tmp_path / "wlp")
+    modules = json.loads((source / "modules.json").read_text())
+    modules.insert(1, {"idx": 1, "name": "1", "path": "1_WeightedLayerPooling",
+                       "type": "sentence_transformers.models.WeightedLayerPooling"})
+    (source / "modules.json").write_text(json.dumps(modules))
+    assert run_build(config, "--model", str(source), "--name", "wlp") == 1
+    assert "WeightedLayerPooling" in capsys.readouterr().err
+    assert not (config.parent / "store" / "wlp.mar").exists()
+
+
+def test_vectors_that_differ_from_sentence_transformers_fail_the_build(tiny_model_dir, config, capsys, monkeypatch):
+    import archive.smoke
+
+    served = archive.smoke._served
+    monkeypatch.setattr(archive.smoke, "_served", lambda engine, body: served(engine, body)[:, ::-1].copy())
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "wrong") == 1
+    assert "differ from sentence-transformers" in capsys.readouterr().err
+    assert not (config.parent / "store" / "wrong.mar").exists()
+
+
+def test_max_length_past_the_usable_positions_fails_the_build(tmp_path, config, capsys):
+    from tests.model_families import make_family
+
+    source = make_family("xlmr", tmp_path / "e5")  # 66 position embeddings, 64 usable
+    assert run_build(config, "--model", str(source), "--name", "e5", "--max-length", "65") == 1
+    assert "65 exceeds the 64 positions" in capsys.readouterr().err
