@@ -3,9 +3,9 @@
 What is cached is the model's pooled float32 vector for one exact model input, keyed by a hash
 of the model's identity (name, weights revision, dtype and int8 layers, the pipeline after the
 transformer) and the token ids the model sees, plus the prompt tokens pooling leaves out where a
-Pooling module excludes the prompt. Every request option that changes what the model computes (prompt, truncation side,
-truncate on or off, max_length) is therefore part of the key by construction, because it changes
-those ids. The options applied after the model (normalize, dimensions, output dtype, encoding)
+Pooling module excludes the prompt. Every request option that changes what the model computes
+(prompt, truncation side, truncate on or off, max_length) is therefore part of the key by
+construction, because it changes those ids. The options applied after the model (normalize, dimensions, output dtype, encoding)
 run on the cached vector per request, so one entry serves them all and the answer is the same
 as uncached.
 

@@ -176,7 +176,8 @@ def _is_device_failure(err: BaseException) -> bool:
 
 
 class Encoder:
-    """A transformer encoder plus pooling: token ids in, one float32 vector per input out."""
+    """A transformer plus its pipeline (pooling, then Dense / LayerNorm / Normalize): token ids in,
+    one float32 vector per input out."""
 
     def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: Pooling,
                  head: Sequence[HeadModule] = (), pad_id: int, max_batch_size: int, pass_overhead_tokens: int,

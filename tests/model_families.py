@@ -40,9 +40,9 @@ def corpus(count: int = 400, seed: int = 3) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(count)]
 
 
-def _wordpiece(specials: list[str], lowercase: bool = True) -> Tokenizer:
-    tokenizer = Tokenizer(models.WordPiece(unk_token=specials[1]))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+def _wordpiece(specials: list[str], unk: str) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
     tokenizer.train_from_iterator(corpus(), trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials))
@@ -62,7 +62,7 @@ def _save_tokenizer(tokenizer: Tokenizer, path: Path, max_length: int, **special
 
 
 def _bert_tokenizer(path: Path, max_length: int) -> PreTrainedTokenizerFast:
-    tokenizer = _wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tokenizer = _wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], unk="[UNK]")
     _template(tokenizer, "[CLS]", "[SEP]")
     return _save_tokenizer(tokenizer, path, max_length, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
                            sep_token="[SEP]", mask_token="[MASK]")
@@ -82,8 +82,7 @@ def _xlmr_tokenizer(path: Path, max_length: int) -> PreTrainedTokenizerFast:
 
 
 def _mpnet_tokenizer(path: Path, max_length: int) -> PreTrainedTokenizerFast:
-    tokenizer = _wordpiece(["<s>", "<pad>", "</s>", "<unk>", "<mask>"][::1])  # MPNet: <s>=0, <pad>=1, </s>=2
-    tokenizer.model.unk_token = "<unk>"
+    tokenizer = _wordpiece(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], unk="<unk>")  # MPNet: <s>=0, <pad>=1, </s>=2
     _template(tokenizer, "<s>", "</s>")
     return _save_tokenizer(tokenizer, path, max_length, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                            unk_token="<unk>", cls_token="<s>", sep_token="</s>", mask_token="<mask>")
