@@ -30,13 +30,17 @@ from archive.digest import sha256_files
 from archive.smoke import SmokeError, check_model
 from archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from archive.metrics_config import write_metrics_config
-from archive.ts_config import register_model, update_properties
+from archive.ts_config import read_properties, register_model, update_properties
+from handler.codec import max_answer_bytes
+from handler.model_files import describe_model
+from handler.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).resolve().parent / "model-config.yaml"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 METRICS_FILE = "metrics.yaml"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
+TS_DEFAULT_BODY_BYTES = 6_553_600  # TorchServe's max_request_size and max_response_size
 
 
 class BuildError(RuntimeError):
@@ -97,6 +101,9 @@ def build(args: argparse.Namespace) -> Path:
         shutil.copytree(REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         write_metrics_config(stage / METRICS_FILE)
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
+        dimension = describe_model(stage / "model").served_with(config["handler"]["pooling"]).dimension
+        frontend = frontend_limits(config["handler"], dimension, args.name)
+        config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if args.dtype == "int8":
             from archive.int8_calibration import calibrate
 
@@ -118,11 +125,33 @@ def build(args: argparse.Namespace) -> Path:
         raise BuildError(f"refusing to ship pickled files in the archive: {', '.join(pickles)}")
     # TorchServe reads one metrics configuration for all models, at start-up: keep one beside the archives.
     metrics_file = write_metrics_config(args.export_path / METRICS_FILE)
-    update_properties(args.config, {"metrics_config": _relative_to_config(metrics_file, args.config)})
+    update_properties(args.config, {"metrics_config": _relative_to_config(metrics_file, args.config),
+                                    **raised_limits(args.config, frontend)})
     entry = {key: config[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
                                           "responseTimeout", "startupTimeout")}
     register_model(args.config, args.name, args.version, {"defaultVersion": True, "marName": mar.name, **entry})
     return mar
+
+
+def frontend_limits(handler: dict, dimension: int, name: str) -> dict[str, int]:
+    """What TorchServe must let through for the handler's limits to hold end to end:
+    - max_response_size: the largest answer, max_inputs_per_request vectors of the model's
+      dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB);
+    - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
+      digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
+    settings = Settings.from_mapping(handler)
+    return {
+        "max_response_size": max_answer_bytes(settings.max_inputs_per_request, dimension, "float", "float", name),
+        "max_request_size": max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8
+                                + settings.max_inputs_per_request * 4 + 65536),
+    }
+
+
+def raised_limits(config: Path, needed: dict[str, int]) -> dict[str, str]:
+    """The limits in config.properties, raised where this model needs more (one server-wide value
+    serves every model, so a build never lowers what another model needs)."""
+    current = read_properties(config)
+    return {key: str(max(value, int(current.get(key) or TS_DEFAULT_BODY_BYTES))) for key, value in needed.items()}
 
 
 def _relative_to_config(path: Path, config: Path) -> str:
@@ -190,8 +219,6 @@ def weights_revision(model_dir: Path) -> str:
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:
-    from handler.settings import Settings
-
     config = yaml.safe_load(TEMPLATE.read_text())
     config.update(minWorkers=workers, maxWorkers=workers, batchSize=args.batch_size,
                   maxBatchDelay=args.max_batch_delay, responseTimeout=args.response_timeout,

@@ -153,7 +153,8 @@ class EmbeddingCache:
                 result.errors += 1
             else:
                 for key, vector in zip(wanted, vectors):
-                    if vector is not None:
+                    # An entry that is not finite, whoever wrote it, is a miss: never served.
+                    if vector is not None and np.isfinite(vector).all():
                         result.found[key] = vector
                         result.from_redis.add(key)
                         if self.memory is not None:
@@ -161,7 +162,9 @@ class EmbeddingCache:
         return result
 
     def store(self, items: dict[bytes, np.ndarray]) -> int:
-        """Keep freshly computed vectors in both tiers; the number of Redis errors."""
+        """Keep freshly computed vectors in both tiers, the finite ones only; the number of Redis
+        errors."""
+        items = {key: vector for key, vector in items.items() if np.isfinite(vector).all()}
         if self.memory is not None:
             for key, vector in items.items():
                 self.memory.put(key, vector)

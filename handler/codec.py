@@ -249,6 +249,29 @@ def _json_type(value: Any) -> str:
 
 # --- responses -------------------------------------------------------------------------------
 
+# The most bytes one number takes in a JSON answer, its separator included: orjson writes a
+# float32 in at most 16 characters ("-0.0000053924714"), an int8 code in 4 ("-128").
+_FLOAT_JSON_BYTES = 17
+_CODE_JSON_BYTES = 5
+# Bytes around each vector ({"object":"embedding","index":4095,"embedding":...},) and around the
+# list (object, model, usage), with room to spare.
+_ROW_OVERHEAD_BYTES = 64
+_LIST_OVERHEAD_BYTES = 256
+
+
+def max_answer_bytes(count: int, dimensions: int, output_dtype: str, encoding_format: str,
+                     model_name: str = "") -> int:
+    """An upper bound of the bytes an embedding answer of `count` vectors takes, on any route,
+    computed before embedding: what must fit TorchServe's max_response_size."""
+    values = -(-dimensions // 8) if output_dtype in ("binary", "ubinary") else dimensions
+    if encoding_format == "base64":
+        value_bytes = 4 if output_dtype == "float" else 1
+        row = 4 * -(-values * value_bytes // 3)
+    else:
+        row = values * (_FLOAT_JSON_BYTES if output_dtype == "float" else _CODE_JSON_BYTES)
+    return count * (row + _ROW_OVERHEAD_BYTES) + _LIST_OVERHEAD_BYTES + len(model_name)
+
+
 def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_name: str, prompt_tokens: int) -> bytes:
     """(n, d) vectors, already in the requested output dtype, in the route's shape."""
     rows = [_encode_vector(row, request.options.encoding_format) for row in vectors]

@@ -5,8 +5,8 @@ internally it sorts by length and cuts forward passes under a padded-token budge
 least cost (handler/batching.py). On a CPU, small passes also borrow the CPUs other workers
 leave idle (handler/cpu_lending.py).
 
-Memory: a forward pass that runs out of memory (CUDA OOM, or MemoryError on a CPU) is split in
-two and retried, down to single inputs; only an input that does not fit alone fails, and the
+Memory: a forward pass that runs out of memory (CUDA OOM; on a CPU, the allocator's RuntimeError
+or MemoryError) is split in two and retried, down to single inputs; only an input that does not fit alone fails, and the
 caller answers its request alone with 507. Any other CUDA error may have poisoned the process's
 CUDA context, so it is raised as DeviceFailure for the worker to exit and be replaced.
 """
@@ -135,6 +135,12 @@ class Embedded:
     too_large: frozenset[int] = frozenset()  # items that ran out of memory alone (their rows are zeros)
 
 
+@dataclass(frozen=True)
+class Speed:
+    pass_overhead_tokens: int
+    tokens_per_second: float  # full passes, this worker's own threads
+
+
 class DeviceFailure(RuntimeError):
     """A CUDA error other than out-of-memory: the device state can no longer be trusted."""
 
@@ -145,10 +151,12 @@ FAULTS_ENV = "EMBEDSERVE_TEST_FAULTS"
 @dataclass(frozen=True)
 class FaultInjection:
     """Failures the tests provoke in a real worker, enabled only through EMBEDSERVE_TEST_FAULTS,
-    e.g. "oom_above_tokens=64,device_error_token=7": a pass over 64 padded tokens raises
-    MemoryError; a pass holding token id 7 raises a CUDA-style device error."""
+    e.g. "oom_above_tokens=64,device_error_token=7,error_token=9": a pass over 64 padded tokens
+    raises MemoryError; a pass holding token id 7 raises a CUDA-style device error, one holding
+    token id 9 any other error (a bug, or an input the model cannot take)."""
     oom_above_tokens: int = 0
     device_error_token: int = -1
+    error_token: int = -1
 
     @classmethod
     def from_env(cls) -> "FaultInjection | None":
@@ -164,10 +172,14 @@ class FaultInjection:
             raise MemoryError(f"injected: {ids.numel()} padded tokens > {self.oom_above_tokens}")
         if self.device_error_token >= 0 and bool((ids == self.device_error_token).any()):
             raise RuntimeError("CUDA error: device-side assert triggered (injected)")
+        if self.error_token >= 0 and bool((ids == self.error_token).any()):
+            raise IndexError("index out of range in self (injected)")
 
 
 def _is_out_of_memory(err: BaseException) -> bool:
-    return isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError))
+    # PyTorch's CPU allocator raises a RuntimeError of its own, not MemoryError.
+    return isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or (
+        isinstance(err, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(err))
 
 
 def _is_device_failure(err: BaseException) -> bool:
@@ -269,17 +281,19 @@ class Encoder:
             finally:
                 torch.set_num_threads(self.placement.cpu_threads)
 
-    def measure_pass_overhead(self) -> int:
-        """Time a one-input pass and a CALIBRATION_TOKENS one on this device, threads and dtype,
-        and return what a pass costs beyond its tokens, in tokens: the planner's price of one
-        more pass."""
+    def measure_speed(self) -> Speed:
+        """Time a one-input pass and a CALIBRATION_TOKENS one on this device, its own threads
+        (none borrowed) and dtype: the tokens per second of a full pass, and what a pass costs
+        beyond its tokens, in tokens (the planner's price of one more pass)."""
         length = min(64, self.max_positions or 64)
         rows = max(2, CALIBRATION_TOKENS // length)
         short, full = self._time_pass(1, length // 4), self._time_pass(rows, length)
+        tokens_per_second = rows * length / full
         per_token = (full - short) / (rows * length - length // 4)
         if per_token <= 0:  # a noisy neighbour swamped the measurement; keep what we had
-            return self.pass_overhead_tokens
-        return int(min(self.placement.max_batch_tokens, max(1, round(short / per_token - length // 4))))
+            return Speed(self.pass_overhead_tokens, tokens_per_second)
+        overhead = int(min(self.placement.max_batch_tokens, max(1, round(short / per_token - length // 4))))
+        return Speed(overhead, tokens_per_second)
 
     def _time_pass(self, rows: int, length: int, repeats: int = 5) -> float:
         """The fastest of `repeats` runs: a busy neighbour only ever adds time."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,16 +19,17 @@ import numpy as np
 import torch
 
 from handler.batching import DEFAULT_PASS_OVERHEAD_TOKENS, flatten
-from handler.cache import EmbeddingCache, open_cache
+from handler.cache import EmbeddingCache, Lookup, open_cache
 from handler.codec import (
     ENCODING_FORMATS, EmbeddingRequest, Route, encode_embeddings, encode_error, encode_info, encode_tokens,
-    parse_request,
+    max_answer_bytes, parse_request,
 )
-from handler.encoder import Encoder, Placement, resolve_max_length
-from handler.errors import RequestError, internal_error, out_of_memory, too_large, unavailable, unprocessable
+from handler.encoder import DeviceFailure, Encoder, Placement, resolve_max_length
+from handler.errors import (
+    RequestError, internal_error, out_of_memory, overloaded, too_large, unavailable, unprocessable,
+)
 from handler.metrics import BatchReport
 from handler.model_files import ModelDescription, describe_model
-from handler.model_files import Pooling as ModelPooling
 from handler.pooling import l2_normalize
 from handler.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from handler.settings import Settings
@@ -37,6 +38,11 @@ from handler.tokenization import TextTokenizer
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up: the worker embeds this once before it reports ready."
+# The share of the response timeout one batch's work may take at the speed measured at warm-up.
+# Real traffic runs slower than the measured full passes (padding about 10%, pass overheads,
+# a neighbour on the memory bus: up to 1.4x here), so half the timeout keeps every batch
+# well inside it: 120 s gives 60 s of measured work, done in at most about 85 s.
+WORK_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,19 +88,18 @@ class EmbeddingEngine:
         self.default_prompt = default_prompt
         self.cache = cache
         self.description = description
+        self.tokens_per_second: float | None = None  # measured at warm-up
+        self.batch_work_tokens: int | None = None  # set by bound_batch_work
+        self.response_timeout_s: float | None = None
         self._prompt_tokens = {text: self._measure_prompt(text) for text in {default_prompt, *prompts.values()}}
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: Settings, placement: Placement, model_name: str) -> "EmbeddingEngine":
-        description = describe_model(model_dir)
+        description = describe_model(model_dir).served_with(settings.pooling)
         tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case)
-        pooling = description.pooling or ModelPooling(("mean",))
-        if settings.pooling != "auto":
-            pooling = ModelPooling((settings.pooling,), include_prompt=pooling.include_prompt)
-        description = replace(description, pooling=pooling)
         encoder = Encoder(
             model_dir, placement,
-            pooling=pooling,
+            pooling=description.pooling,
             head=description.head,
             pad_id=tokenizer.pad_id,
             max_batch_size=settings.max_batch_size,
@@ -126,10 +131,28 @@ class EmbeddingEngine:
     def warmup(self) -> None:
         if not torch.isfinite(self.encoder.embed(self.token_ids([WARMUP_TEXT])).vectors).all():
             raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
+        speed = self.encoder.measure_speed()
+        self.tokens_per_second = speed.tokens_per_second
         if not self.settings.pass_overhead_tokens:
-            self.encoder.pass_overhead_tokens = self.encoder.measure_pass_overhead()
+            self.encoder.pass_overhead_tokens = speed.pass_overhead_tokens
             log.info("a forward pass costs as much as %d tokens here; the batch planner weighs passes by it",
                      self.encoder.pass_overhead_tokens)
+
+    def bound_batch_work(self, response_timeout_s: float) -> None:
+        """Hold each batch's work to what this worker embeds in WORK_SHARE of the server's
+        response timeout, at the speed measured at warm-up: a batch that ran past the timeout
+        would have its worker killed and every request of it failed. Without a measured speed
+        (warm-up off) only max_tokens_per_request bounds the work."""
+        if self.tokens_per_second:
+            self.batch_work_tokens = int(self.tokens_per_second * response_timeout_s * WORK_SHARE)
+            self.response_timeout_s = response_timeout_s
+            log.info("this worker embeds about %d tokens/s; a batch holds at most %d tokens of work (%.0f%% of "
+                     "the %.0f s response timeout)", self.tokens_per_second, self.batch_work_tokens,
+                     WORK_SHARE * 100, response_timeout_s)
+
+    @property
+    def max_request_tokens(self) -> int:
+        return min(self.settings.max_tokens_per_request, self.batch_work_tokens or self.settings.max_tokens_per_request)
 
     def info(self) -> dict[str, Any]:
         placement = self.encoder.placement
@@ -151,7 +174,10 @@ class EmbeddingEngine:
             "default_prompt": self.default_prompt,
             "max_client_batch_size": self.settings.max_inputs_per_request,
             "max_input_chars": self.settings.max_input_chars,
-            "max_tokens_per_request": self.settings.max_tokens_per_request,
+            "max_tokens_per_request": self.max_request_tokens,
+            "max_batch_work_tokens": self.batch_work_tokens,
+            "tokens_per_second": round(self.tokens_per_second) if self.tokens_per_second else None,
+            "max_response_bytes": self.settings.max_response_bytes,
             "max_batch_tokens": placement.max_batch_tokens,
             "max_batch_size": self.settings.max_batch_size,
             "pass_overhead_tokens": self.encoder.pass_overhead_tokens,
@@ -182,34 +208,97 @@ class EmbeddingEngine:
             except RequestError as err:
                 bodies[index] = _error_body(err, request.route) if request else (err.http_status, encode_error(err))
             except Exception as err:  # a bug met by one request must not fail its batch
-                # The frames and the type, not the message, which may quote request text.
-                log.error("request %d of the batch failed unexpectedly (%s):\n%s", index, type(err).__name__,
-                          "".join(traceback.format_tb(err.__traceback__)))
+                _log_failure(f"preparing request {index} of the batch", err)
                 failure = internal_error()
                 bodies[index] = _error_body(failure, request.route) if request else (500, encode_error(failure))
         report.prepare_ms, clock = _since(clock)
 
-        ids, spans = flatten([job.ids for job in jobs.values()])
-        if ids:
-            unpooled = [job.unpooled for job in jobs.values() for _ in job.ids]
-            vectors, unfit = self._embed(ids, unpooled, report) if self.cache is None else \
-                self._embed_cached(ids, unpooled, report)
+        jobs = self._admit(jobs, bodies)
+        if jobs:
+            embedded = self._embed_isolated(list(jobs.items()), report)
             report.model_ms, clock = _since(clock)
-            for (index, job), span in zip(jobs.items(), spans):
-                failed = [i - span.start for i in range(span.start, span.stop) if i in unfit]
-                if failed:
-                    bodies[index] = _error_body(_does_not_fit(job, failed[0]), job.request.route)
-                else:
-                    bodies[index] = (200, self._encode(job, vectors[span]))
+            for index, job in jobs.items():
+                outcome = embedded[index]
+                bodies[index] = _error_body(outcome, job.request.route) if isinstance(outcome, RequestError) \
+                    else self._encode_guarded(index, job, *outcome)
             report.encode_ms, clock = _since(clock)
-            report.inputs = len(ids)
+            report.inputs = sum(len(job.ids) for job in jobs.values())
 
         headers = {"x-batch-size": str(len(raw_requests))}
         for status, _ in bodies:
             report.statuses[status] = report.statuses.get(status, 0) + 1
         # Counts only: request text never reaches the logs.
         log.debug("batch: %s", report)
-        return [Response(status, body, headers) for status, body in bodies], report
+        return [Response(status, body, {**headers, **({"retry-after": "1"} if status == 503 else {})})
+                for status, body in bodies], report
+
+    def _admit(self, jobs: dict[int, _Job], bodies: list[tuple[int, bytes] | None]) -> dict[int, _Job]:
+        """The requests this batch's work budget holds, in arrival order; the others are answered
+        503 with retry-after: they would have pushed the batch past the response timeout."""
+        if self.batch_work_tokens is None:
+            return jobs
+        admitted, work = {}, 0
+        for index, job in jobs.items():
+            tokens = sum(len(ids) for ids in job.ids)
+            if work + tokens > self.batch_work_tokens:
+                bodies[index] = _error_body(overloaded(
+                    f"this worker's batch already holds {work} of the {self.batch_work_tokens} tokens it may embed "
+                    "within the response timeout; retry the request"), job.request.route)
+                continue
+            admitted[index] = job
+            work += tokens
+        return admitted
+
+    def _embed_isolated(self, jobs: list[tuple[int, _Job]], report: BatchReport
+                        ) -> dict[int, tuple[torch.Tensor, frozenset[int]] | RequestError]:
+        """Each request's vectors and its inputs that did not fit in memory, or its error. A
+        failure is traced to the requests that cause it by embedding the halves apart, so the
+        others still get their vectors; a vector that is not finite fails its request (and was
+        not cached). A device failure ends the batch: the worker is replaced."""
+        ids, spans = flatten([job.ids for _, job in jobs])
+        unpooled = [job.unpooled for _, job in jobs for _ in job.ids]
+        try:
+            vectors, unfit = self._embed(ids, unpooled, report) if self.cache is None else \
+                self._embed_cached(ids, unpooled, report)
+        except DeviceFailure:
+            raise
+        except Exception as err:
+            if len(jobs) > 1:
+                half = len(jobs) // 2
+                return {**self._embed_isolated(jobs[:half], report), **self._embed_isolated(jobs[half:], report)}
+            [(index, job)] = jobs
+            _log_failure(f"embedding request {index} of the batch", err)
+            return {index: internal_error("the server failed to embed this request; the failure is logged")}
+        finite = torch.isfinite(vectors).all(dim=1)
+        outcomes: dict[int, tuple[torch.Tensor, frozenset[int]] | RequestError] = {}
+        for (index, job), span in zip(jobs, spans):
+            own_unfit = frozenset(i - span.start for i in unfit if span.start <= i < span.stop)
+            broken = [i for i in range(span.stop - span.start) if not finite[span.start + i] and i not in own_unfit]
+            if broken:
+                log.error("request %d of the batch: the model gave a non-finite vector for its input %d",
+                          index, broken[0])
+                param = f"{job.request.field}[{broken[0]}]"
+                outcomes[index] = internal_error(f"the model gave a non-finite vector for '{param}', which is never "
+                                                 "served; the failure is logged", param=param)
+            else:
+                outcomes[index] = (vectors[span], own_unfit)
+        return outcomes
+
+    def _encode_guarded(self, index: int, job: _Job, vectors: torch.Tensor, unfit: frozenset[int]
+                        ) -> tuple[int, bytes]:
+        if unfit:
+            return _error_body(_does_not_fit(job, min(unfit)), job.request.route)
+        try:
+            return 200, self._encode(job, vectors)
+        except Exception as err:  # a bug met by one answer must not fail its batch
+            _log_failure(f"encoding the answer of request {index} of the batch", err)
+            return _error_body(internal_error("the server failed to encode this answer; the failure is logged"),
+                               job.request.route)
+
+    def failed(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
+        """500 for every request: what a worker answers when a batch fails outside every guard."""
+        body = encode_error(internal_error("the server failed to answer this batch; the failure is logged"))
+        return [Response(500, body) for _ in raw_requests]
 
     def unavailable(self, raw_requests: Sequence[RawRequest], reason: str) -> list[Response]:
         """503 for every request: what a worker answers after its device failed."""
@@ -230,7 +319,11 @@ class EmbeddingEngine:
         """Vectors from the cache where present; the model runs once per distinct missing input."""
         cache = self.cache
         keys = [cache.key(item, skip) for item, skip in zip(ids, unpooled)]
-        lookup = cache.lookup(keys)
+        try:
+            lookup = cache.lookup(keys)
+        except Exception as err:  # the cache is best effort: a bug in it costs hits, not answers
+            _log_failure("the cache lookup", err)
+            lookup = Lookup(errors=1)
         missing = {key: i for i, key in enumerate(keys) if key not in lookup.found}  # first index per key
         computed: dict[bytes, np.ndarray] = {}
         failed_keys: set[bytes] = set()
@@ -242,7 +335,11 @@ class EmbeddingEngine:
                     failed_keys.add(key)
                 else:
                     computed[key] = row.copy()  # rows, not views of one block
-            report.cache_errors += cache.store(computed)
+            try:
+                report.cache_errors += cache.store(computed)
+            except Exception as err:
+                _log_failure("storing in the cache", err)
+                report.cache_errors += 1
         report.cache_errors += lookup.errors
         for key in keys:
             if key in lookup.found:
@@ -274,6 +371,12 @@ class EmbeddingEngine:
         if total > self.settings.max_tokens_per_request:
             raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
                             f"{self.settings.max_tokens_per_request}", param=request.field)
+        if total > self.max_request_tokens:
+            raise too_large(f"the request has {total} tokens; this worker embeds about "
+                            f"{self.tokens_per_second:.0f} tokens/s, so a request may hold at most "
+                            f"{self.max_request_tokens} tokens to finish well within the server's "
+                            f"{self.response_timeout_s:.0f} s response timeout; send fewer or shorter inputs per request",
+                            param=request.field)
         return _Job(request, [item.ids for item in tokenized], normalize, prompt.unpooled)
 
     def _check_limits(self, request: EmbeddingRequest) -> None:
@@ -292,6 +395,13 @@ class EmbeddingEngine:
         if options.dimensions is not None and options.dimensions > self.encoder.dimension:
             raise unprocessable(f"'dimensions' must be at most the model's dimension {self.encoder.dimension}, "
                                 f"got {options.dimensions}", param="dimensions")
+        answer = max_answer_bytes(len(request.inputs), options.dimensions or self.encoder.dimension,
+                                  options.output_dtype, options.encoding_format, self.model_name)
+        if answer > self.settings.max_response_bytes:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
+                            f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
+                            "per answer: send fewer inputs per request, fewer 'dimensions', or "
+                            "\"encoding_format\": \"base64\"", param=request.field)
         if options.output_dtype in SCALAR_DTYPES and not normalize:
             raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] and needs "
                                 "normalized embeddings; drop \"normalize\": false or use float/binary",
@@ -354,6 +464,12 @@ def _does_not_fit(job: _Job, item: int) -> RequestError:
 def _error_body(err: RequestError, route: Route) -> tuple[int, bytes]:
     err.tei = route.tei  # TEI routes answer in TEI's shape and statuses
     return err.http_status, encode_error(err)
+
+
+def _log_failure(what: str, err: BaseException) -> None:
+    # The frames and the type, not the message, which may quote request text.
+    log.error("%s failed unexpectedly (%s):\n%s", what, type(err).__name__,
+              "".join(traceback.format_tb(err.__traceback__)))
 
 
 def _since(clock: float) -> tuple[float, float]:

@@ -6,8 +6,10 @@ Statuses, the same on every route except where noted:
   413  over a size limit: inputs per request, characters per input, tokens
   422  valid JSON that cannot be processed (unknown prompt, dimensions out of range, token ids
        outside the vocabulary, ...) on the TEI routes, as TEI answers; 400 on the others
-  500  an unexpected failure while preparing one request (logged; its batch goes on)
-  503  the worker's device failed; the worker is being replaced, so a retry succeeds
+  500  an unexpected failure preparing, embedding or encoding one request, or a non-finite
+       vector (logged; the rest of its batch is served)
+  503  the batch's work budget is full (429 on TEI routes), or the worker's device failed and
+       the worker is being replaced: a retry succeeds
   507  an input that does not fit in memory even alone (a larger batch is split and retried)
 """
 
@@ -70,6 +72,10 @@ def unavailable(message: str) -> RequestError:
     return RequestError(503, message, code="unavailable", tei_type="Unhealthy")
 
 
-def internal_error() -> RequestError:
-    return RequestError(500, "the server failed to prepare this request; the failure is logged", code="internal_error",
-                        tei_type="Backend")
+def internal_error(message: str = "the server failed to prepare this request; the failure is logged",
+                   param: str | None = None) -> RequestError:
+    return RequestError(500, message, param=param, code="internal_error", tei_type="Backend")
+
+
+def overloaded(message: str) -> RequestError:
+    return RequestError(503, message, code="overloaded", tei_status=429, tei_type="Overloaded")

@@ -15,7 +15,7 @@ names of every sentence-transformers release match (`sentence_transformers.model
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class HeadModule:
 @dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
+    hidden_size: int  # the transformer's output width
     pooling: Pooling | None  # None when the folder does not say
     max_seq_length: int | None
     usable_positions: int | None  # None when the architecture has no absolute position table
@@ -80,6 +81,20 @@ class ModelDescription:
     do_lower_case: bool = False  # the Transformer module lowercases text before tokenizing
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+
+    def served_with(self, pooling_setting: str) -> "ModelDescription":
+        """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved
+        against the model's own Pooling module (mean where it has none)."""
+        pooling = self.pooling or Pooling(("mean",))
+        if pooling_setting != "auto":
+            pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)
+        return replace(self, pooling=pooling)
+
+    @property
+    def dimension(self) -> int:
+        """The served vector's width: the last Dense module's, else the pooled one."""
+        widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
+        return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
 
     @property
     def modules(self) -> list[str]:
@@ -95,12 +110,15 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelFilesError(f"{model_dir} has no config.json: not a Hugging Face model folder")
     config = _read_json(model_dir / "config.json")
     check_architecture(config)
+    if not isinstance(config.get("hidden_size"), int):
+        raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
     pooling, head = _read_pipeline(model_dir)
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
         model_dir / "sentence_bert_config.json").is_file() else {}
     prompts, default_prompt_name = _read_prompts(model_dir)
     return ModelDescription(
         model_type=str(config.get("model_type", "")),
+        hidden_size=config["hidden_size"],
         pooling=pooling,
         max_seq_length=int(transformer["max_seq_length"]) if transformer.get("max_seq_length") else None,
         usable_positions=usable_positions(config),

@@ -69,6 +69,10 @@ class Settings:
     max_inputs_per_request: int = 4096
     max_input_chars: int = 100_000  # checked before tokenizing
     max_tokens_per_request: int = 1_048_576  # after truncation, prompts included
+    # The largest answer TorchServe passes on (its max_response_size, which the build sets so the
+    # limits above fit at the model's dimension): a request whose answer could be larger is
+    # refused with 413 before anything is computed, instead of the frontend dropping the worker.
+    max_response_bytes: int = 6_553_600
     # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
     # (pairs over max_batch_tokens are skipped) and replay it for passes that fit a bucket;
     # capture stops once the graphs hold cuda_graph_max_mb. Ignored on a CPU.
@@ -118,7 +122,7 @@ class Settings:
         if self.max_batch_tokens < 0:
             raise SettingsError("max_batch_tokens", "must be >= 0 (0 means automatic)")
         for key in ("max_batch_size", "max_inputs_per_request", "max_input_chars", "max_tokens_per_request",
-                    "cuda_graph_max_mb", "cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
+                    "max_response_bytes", "cuda_graph_max_mb", "cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
             if getattr(self, key) < 1:
                 raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:

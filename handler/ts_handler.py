@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 # answers leave first and TorchServe starts a fresh worker (a fresh CUDA context).
 EXIT_AFTER_DEVICE_FAILURE_S = 0.5
 
+# TorchServe's own default when model-config.yaml sets none.
+DEFAULT_RESPONSE_TIMEOUT_S = 120
+
 METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGRAM}
 
 
@@ -56,6 +59,7 @@ class EmbeddingHandler:
         self.engine = EmbeddingEngine.load(model_dir, settings, placement, model_name=context.model_name)
         if settings.warmup:
             self.engine.warmup()
+            self.engine.bound_batch_work(float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S))
         self.initialized = True
         info = self.engine.info()
         log.info(
@@ -73,6 +77,10 @@ class EmbeddingHandler:
                 self.device_failure = "the worker's device failed"
                 log.critical("device failure (%s); this worker exits and TorchServe replaces it", err)
                 threading.Timer(EXIT_AFTER_DEVICE_FAILURE_S, os._exit, args=(3,)).start()
+            except Exception:  # the engine answers per request; this is the last line, never TorchServe's 503
+                log.exception("the batch failed unexpectedly; every request of it is answered 500")
+                responses = self.engine.failed(raw)
+                report = BatchReport(requests=len(raw), statuses={500: len(raw)})
         if self.device_failure is not None:
             responses = self.engine.unavailable(raw, self.device_failure)
             report = BatchReport(requests=len(raw), statuses={503: len(raw)})
