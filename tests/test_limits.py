@@ -1,0 +1,139 @@
+"""Limits that hold and failures that stay with their request, in-process: answers sized before
+anything is computed, each batch's work held inside the response timeout, and failures in the
+forward pass, the cache and the encoding mapped back to the requests they belong to."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from handler.codec import EmbeddingRequest, Options, Route, encode_embeddings, max_answer_bytes
+from handler.engine import RawRequest
+from handler.quantize import OUTPUT_DTYPES, quantize
+from tests.conftest import make_engine
+
+SHORT = ["hello world", "the cat sat on the mat", "one two three", "a", "b c d"]
+
+
+def answers(engine, bodies, url_path=""):
+    responses, report = engine.handle_with_report([RawRequest(json.dumps(b).encode(), None, url_path) for b in bodies])
+    return responses, [json.loads(r.body) for r in responses], report
+
+
+@pytest.mark.parametrize("route", list(Route)[:3])
+@pytest.mark.parametrize("output_dtype", OUTPUT_DTYPES)
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_the_answer_bound_holds_for_the_longest_numbers(route, output_dtype, encoding_format):
+    # -0.0000053924714 is the longest float32 orjson writes; the widest codes are -128 and 255.
+    widest = {"float": -0.0000053924714, "uint8": 1.0, "ubinary": 1.0}.get(output_dtype, -1.0)
+    rows = np.full((40, 384), widest, dtype=np.float32)
+    request = EmbeddingRequest(route, ("x",) * 40, Options(output_dtype=output_dtype, encoding_format=encoding_format))
+    body = encode_embeddings(request, quantize(rows, output_dtype), model_name="m" * 60, prompt_tokens=10**9)
+    bound = max_answer_bytes(40, 384, output_dtype, encoding_format, "m" * 60)
+    assert len(body) <= bound
+    if output_dtype == "float":  # and not so loose that it refuses what would fit
+        assert bound <= 1.25 * len(body)
+
+
+def test_an_answer_too_large_for_the_frontend_is_refused_before_computing(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_response_bytes=20_000)
+    texts = [f"text {i}" for i in range(40)]  # 40 x (32 x 17 + 64) bytes: over 20,000
+    responses, bodies, report = answers(engine, [{"input": texts}, {"input": SHORT},
+                                                 {"input": texts, "encoding_format": "base64"},
+                                                 {"inputs": texts}], url_path="")
+    assert [r.status for r in responses] == [413, 200, 200, 413]
+    error = bodies[0]["error"]
+    assert error["param"] == "input" and "max_response_bytes=20000" in error["message"] and "base64" in error["message"]
+    assert report.inputs == len(SHORT) + 40  # the refused requests were never embedded
+    responses, _, _ = answers(engine, [{"input": texts, "dimensions": 8}])
+    assert responses[0].status == 200  # fewer dimensions fit
+
+
+def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny_engine):
+    engine = make_engine(tiny_model_dir)
+    engine.tokens_per_second = 80.0
+    engine.bound_batch_work(response_timeout_s=1.0)  # 40 tokens of work per batch
+    assert engine.batch_work_tokens == 40 and engine.info()["max_tokens_per_request"] == 40
+    long = [" ".join(["embedding"] * 20)] * 3  # 3 x 22 tokens
+    bodies = [{"input": SHORT[:2]}, {"input": long}, {"input": SHORT[2:]}, {"input": SHORT[:3]},
+              {"inputs": SHORT[:3]}]
+    responses, answers_, report = answers(engine, bodies)
+    # 12 tokens fit; the long request is over the budget alone (413); 13 more fit, then 17 do not
+    # (503, and 429 on the TEI route).
+    assert [r.status for r in responses] == [200, 413, 200, 503, 429]
+    assert "80 tokens/s" in answers_[1]["error"]["message"] and "1 s response timeout" in answers_[1]["error"]["message"]
+    assert answers_[3]["error"]["code"] == "overloaded" and responses[3].headers["retry-after"] == "1"
+    assert answers_[4]["error_type"] == "Overloaded"
+    _, expected, _ = answers(tiny_engine, [bodies[0]])
+    assert answers_[0]["data"] == expected[0]["data"]
+    assert report.statuses == {200: 2, 413: 1, 503: 1, 429: 1}
+
+
+class PoisonedForward:
+    """Wraps the encoder's pooled forward pass: a pass holding `token` raises, or gives NaN rows."""
+
+    def __init__(self, encoder, token: int, nan: bool = False):
+        self.forward, self.token, self.nan = encoder._pooled, token, nan
+
+    def __call__(self, ids, mask):
+        out = self.forward(ids, mask)
+        poisoned = (ids == self.token).any(dim=1)
+        if poisoned.any() and not self.nan:
+            raise RuntimeError("a forward failure only some inputs cause")
+        return torch.where(poisoned.unsqueeze(1), torch.full_like(out, float("nan")), out)
+
+
+def test_a_non_finite_vector_is_never_served_nor_cached(tiny_model_dir, tiny_engine):
+    engine = make_engine(tiny_model_dir, cache_entries=100)
+    engine.encoder._pooled = PoisonedForward(engine.encoder, token=9, nan=True)
+    bodies = [{"input": SHORT}, {"input": ["fine", [5, 9]]}]
+    for round_ in range(2):
+        responses, out, report = answers(engine, bodies)
+        assert [r.status for r in responses] == [200, 500]
+        assert out[1]["error"]["param"] == "input[1]" and "non-finite" in out[1]["error"]["message"]
+        assert report.cache_misses == (7 if round_ == 0 else 1)  # the NaN vector was not kept
+    _, expected, _ = answers(tiny_engine, [bodies[0]])
+    np.testing.assert_allclose(np.array([d["embedding"] for d in out[0]["data"]]),
+                               np.array([d["embedding"] for d in expected[0]["data"]]), atol=1e-6)
+
+
+def test_a_cache_that_fails_costs_hits_not_answers(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, cache_entries=100)
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug in the cache")
+
+    engine.cache.lookup = broken
+    responses, _, report = answers(engine, [{"input": SHORT}, {"input": "x"}])
+    assert [r.status for r in responses] == [200, 200] and report.cache_errors == 1
+    engine.cache.store = broken
+    responses, _, report = answers(engine, [{"input": SHORT}])
+    assert responses[0].status == 200 and report.cache_errors == 2
+
+
+def test_an_encoding_failure_fails_its_request_alone(tiny_engine, monkeypatch):
+    encode = tiny_engine._encode
+
+    def fragile(job, vectors):
+        if job.request.options.dimensions == 7:
+            raise ValueError("a bug in one answer's encoding")
+        return encode(job, vectors)
+
+    monkeypatch.setattr(tiny_engine, "_encode", fragile)
+    responses, out, report = answers(tiny_engine, [{"input": SHORT}, {"input": SHORT, "dimensions": 7},
+                                                   {"inputs": SHORT, "dimensions": 7}])
+    assert [r.status for r in responses] == [200, 500, 500]
+    assert out[1]["error"]["code"] == "internal_error" and out[2]["error_type"] == "Backend"
+    assert report.statuses == {200: 1, 500: 2}
+
+
+def test_a_failing_forward_pass_is_traced_to_its_request(tiny_model_dir):
+    engine = make_engine(tiny_model_dir)
+    engine.encoder._pooled = PoisonedForward(engine.encoder, token=9)
+    bodies = [{"input": [s]} for s in SHORT] + [{"input": [[5, 9, 7]]}] + [{"input": s} for s in SHORT]
+    responses, _, report = answers(engine, bodies)
+    assert [r.status for r in responses] == [200] * 5 + [500] + [200] * 5
+    assert report.statuses == {200: 10, 500: 1}
