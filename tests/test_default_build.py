@@ -1,0 +1,114 @@
+"""The configuration users run: `./build_mar.sh` with no arguments (all-MiniLM-L6-v2, two workers
+on two cores, CPU lending on) under the real TorchServe. The largest requests the limits allow are
+answered or refused with a 413 naming the limit, never a dead worker; small requests sent
+meanwhile are answered; workers scale through the management API while under load."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+import requests
+
+from tests.conftest import serving
+from tests.test_server import concurrently
+
+pytestmark = pytest.mark.integration
+
+MODEL = "minilm"
+LONG_TEXT = "a " * 300  # 300 tokens: cut at MiniLM's 256, and 4096 of them stay inside the body limit
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("default-build"), []) as ts:  # no arguments: the default build
+        wait_all_ready(ts)
+        yield ts
+
+
+def wait_all_ready(server, timeout: float = 300) -> None:
+    """serving() returns once one worker embeds; the other may still be loading."""
+    deadline = time.monotonic() + timeout
+    while not all(w["status"] == "READY" for w in workers(server)):
+        assert time.monotonic() < deadline, workers(server)
+        time.sleep(0.5)
+
+
+def post(server, body, timeout=300):
+    return requests.post(f"{server.url('inference')}/predictions/{MODEL}", json=body, headers=server.auth(),
+                         timeout=timeout)
+
+
+def workers(server) -> list[dict]:
+    [model] = requests.get(f"{server.url('management')}/models/{MODEL}", headers=server.auth("management"),
+                           timeout=30).json()
+    return model["workers"]
+
+
+def identities(server) -> set[tuple]:
+    return {(w["pid"], w["startTime"]) for w in workers(server)}
+
+
+def test_the_default_build_serves_two_workers_with_sized_limits(server):
+    assert len(workers(server)) == 2 and all(w["status"] == "READY" for w in workers(server))
+    assert int(server.properties["max_response_size"]) >= 4096 * 384 * 17  # 4096 vectors as float JSON
+    info = requests.get(f"{server.url('inference')}/predictions/{MODEL}/1.0/info", headers=server.auth(),
+                        timeout=30).json()
+    assert info["max_response_bytes"] >= 4096 * 384 * 17 and info["tokens_per_second"] > 0
+    # The work a batch may hold comes from the measured speed and the 120 s response timeout.
+    assert info["max_tokens_per_request"] == min(1_048_576, info["max_batch_work_tokens"])
+
+
+def test_the_largest_requests_are_answered_or_refused_never_fatal(server):
+    before = identities(server)
+    short = [f"short text number {i}" for i in range(4096)]
+    calls = [
+        lambda: post(server, {"input": [f"text {i}" for i in range(2000)]}),  # ~9.5 MB of JSON
+        lambda: post(server, {"input": short}),  # the most inputs: ~19 MB of JSON
+        lambda: post(server, {"input": [LONG_TEXT] * 4096}),  # the most tokens the limits name
+        lambda: (time.sleep(1.0), post(server, {"input": "a small request sent meanwhile"}, timeout=120))[1],
+    ]
+    two_thousand, most_inputs, most_tokens, small = concurrently(calls)
+    assert two_thousand.status_code == 200 and len(two_thousand.json()["data"]) == 2000
+    assert most_inputs.status_code == 200, most_inputs.text[:300]
+    assert [d["index"] for d in most_inputs.json()["data"]] == list(range(4096))
+    assert len(most_inputs.json()["data"][0]["embedding"]) == 384
+    assert most_tokens.status_code in (200, 413), most_tokens.text[:300]
+    if most_tokens.status_code == 413:
+        error = most_tokens.json()["error"]
+        assert error["param"] == "input" and "tokens" in error["message"] and "response timeout" in error["message"]
+    assert small.status_code == 200
+    assert identities(server) == before  # no worker died or was replaced
+
+
+def test_workers_scale_under_load_without_losing_a_request(server):
+    stop = threading.Event()
+    statuses: Counter = Counter()
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            try:
+                statuses[post(server, {"input": f"steady load from client {i}"}, timeout=120).status_code] += 1
+            except requests.RequestException as err:
+                statuses[type(err).__name__] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    url = f"{server.url('management')}/models/{MODEL}"
+    try:
+        time.sleep(2)
+        for count in (1, 2):
+            response = requests.put(f"{url}?min_worker={count}&max_worker={count}&synchronous=true",
+                                    headers=server.auth("management"), timeout=300)
+            assert response.status_code == 200, response.text
+            assert len(workers(server)) == count
+            time.sleep(3)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(130)
+    assert all(w["status"] == "READY" for w in workers(server))
+    assert statuses[200] > 0 and set(statuses) == {200}, statuses
