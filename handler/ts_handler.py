@@ -20,6 +20,7 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
 from handler.allocator import pin_mmap_threshold
+from handler.busy import BusyMark
 from handler.encoder import DeviceFailure, resolve_placement
 from handler.engine import EmbeddingEngine, RawRequest, Response
 from handler.metrics import BatchReport, measurements
@@ -42,6 +43,7 @@ class EmbeddingHandler:
         self.engine: EmbeddingEngine | None = None
         self.initialized = False
         self.device_failure: str | None = None
+        self.busy: BusyMark | None = None
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
@@ -60,6 +62,7 @@ class EmbeddingHandler:
         if settings.warmup:
             self.engine.warmup()
             self.engine.bound_batch_work(float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S))
+        self.busy = BusyMark()
         self.initialized = True
         info = self.engine.info()
         log.info(
@@ -69,6 +72,10 @@ class EmbeddingHandler:
         )
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
+        with self.busy.held():  # a stopping server waits for this batch's answers
+            return self._handle(data, context)
+
+    def _handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
         if self.device_failure is None:
             try:

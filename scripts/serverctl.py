@@ -7,6 +7,11 @@
 --start` exits 0 at once whatever happens, so readiness here means a real embedding request
 answered 200 for every model in `models=`. A worker that keeps dying, or a frontend that
 exits, ends the wait early with the log lines that say why.
+
+Stopping drains first: `torchserve --stop` closes every connection at once, so requests queued
+or in a batch would get no answer. Until no request is queued (the management API's
+pendingRequests) and no worker runs a batch (handler/busy.py), for at most DRAIN_S, the server
+keeps answering; then it stops.
 """
 
 from __future__ import annotations
@@ -29,8 +34,13 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 
 from archive.ts_config import read_properties, update_properties
+from handler.busy import any_busy
 
 WORKER_DEATHS_BEFORE_GIVING_UP = 3
+# How long a stop waits for accepted requests to be answered: well past a batch of the default
+# model, short enough for a pod's termination grace period (30 s by default on Kubernetes).
+DRAIN_S = 25.0
+DRAIN_POLL_S = 0.25
 READINESS_TEXT = "readiness check"
 WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]"}
 GRPC_DEFAULT_PORTS = {"inference": 7070, "management": 7071}  # TorchServe's, when not configured
@@ -175,10 +185,16 @@ class TorchServe:
         finally:
             self.stop()
 
-    def stop(self, timeout: float = 60.0) -> None:
+    def stop(self, timeout: float = 60.0, drain_s: float = DRAIN_S) -> None:
+        """Answer what was accepted, then stop: wait up to `drain_s` until no request is queued
+        and no batch runs (TorchServe's own stop closes the connections of requests in flight,
+        unanswered), then stop the server and wait for it to exit."""
         pid = self.pid()
         if pid is None:
             return
+        if drain_s > 0 and not self.drain(drain_s):
+            print(f"serverctl: requests still in flight after {drain_s:.0f} s; stopping anyway (their clients "
+                  "see the connection close)", file=sys.stderr)
         subprocess.run([_torchserve(), "--stop"], cwd=self.workdir, env=self.env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -187,6 +203,30 @@ class TorchServe:
             if time.monotonic() > deadline:
                 raise ServerError(f"TorchServe (pid {pid}) did not stop within {timeout:.0f} s")
             time.sleep(0.2)
+
+    def drain(self, seconds: float) -> bool:
+        """Wait until no request is queued and no batch runs, seen twice in a row; False on timeout."""
+        deadline = time.monotonic() + seconds
+        quiet = 0
+        while quiet < 2:
+            if time.monotonic() > deadline:
+                return False
+            quiet = quiet + 1 if self.pending_requests() == 0 and not any_busy(self.workdir / ".run") else 0
+            time.sleep(DRAIN_POLL_S)
+        return True
+
+    def pending_requests(self) -> int:
+        """Requests queued for any model and not yet in a batch (0 when the API cannot say)."""
+        pending = 0
+        for name in self.models:
+            try:
+                described = requests.get(f"{self.url('management')}/models/{name}", headers=self.auth("management"),
+                                         timeout=10).json()
+            except (requests.RequestException, OSError, ValueError, KeyError):
+                return 0
+            pending += sum(int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0)) for entry in described
+                           if isinstance(entry, dict))
+        return pending
 
     def _count_in_log(self, name: str, needle: str) -> int:
         path = self.logs / name

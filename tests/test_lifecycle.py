@@ -2,8 +2,12 @@
 
 import shutil
 import socket
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 import yaml
 
 from archive.build import REPO as BUILD_REPO
@@ -75,3 +79,44 @@ def test_start_refuses_a_taken_port(tmp_path):
         with pytest.raises(ServerError, match=f"grpc_inference address {host}:{port} is already in use"):
             server.start()
     assert server.pid() is None
+
+
+@pytest.mark.parametrize("drain_s", [25.0, 0.0])
+def test_stop_answers_the_requests_it_accepted(tmp_path, tiny_model_dir, drain_s):
+    """A burst is accepted, then the server is stopped: with the drain every request is answered
+    200; TorchServe's own stop (no drain) closes the connections of those still queued. Either way
+    none hangs."""
+    config = make_server_config(tmp_path)
+    build(config, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "4",
+          "--max-batch-delay", "20")
+    server = TorchServe(config, tmp_path)
+    server.start()
+    try:
+        server.wait_ready(timeout=300)
+        url, headers = f"{server.url('inference')}/predictions/tiny", server.auth()
+
+        def one(i):
+            started = time.monotonic()
+            try:
+                status = requests.post(url, json={"input": [f"request {i} " + "embedding " * 40] * 32},
+                                       headers=headers, timeout=60).status_code
+            except requests.RequestException as err:
+                status = type(err).__name__
+            return status, time.monotonic() - started
+
+        with ThreadPoolExecutor(48) as pool:
+            futures = [pool.submit(one, i) for i in range(48)]
+            time.sleep(0.5)  # every request is sent and accepted: TorchServe queues them
+            stopping = time.monotonic()
+            server.stop(drain_s=drain_s)
+            stop_s = time.monotonic() - stopping
+            outcomes = [future.result() for future in futures]
+    finally:
+        server.stop()
+    statuses = Counter(status for status, _ in outcomes)
+    print(f"drain {drain_s} s: stop took {stop_s:.1f} s; {dict(statuses)}")
+    assert max(seconds for _, seconds in outcomes) < 60  # nothing hangs
+    if drain_s:
+        assert statuses == {200: 48}, statuses
+    else:
+        assert statuses[200] < 48 and set(statuses) <= {200, "ConnectionError"}, statuses
