@@ -1,12 +1,18 @@
 """Bad input, fuzzed, through the real TorchServe: generated malformed requests are sent at the same
 moment as good ones, so they share TorchServe batches. Every bad request gets its 4xx with a JSON
-body, every good one a correct 200, and the worker never restarts."""
+body, every good one a correct 200, and the worker never restarts. A property-based run
+(hypothesis) explores the shapes; a volume run sends 10,000 requests, the largest shapes the
+limits allow among them."""
 
+import asyncio
 import json
+import random
 import string
+import time
 from collections import Counter
 from dataclasses import dataclass
 
+import aiohttp
 import numpy as np
 import pytest
 import requests
@@ -165,3 +171,101 @@ def test_fuzzed_bad_requests_mixed_with_good_ones(server):
     assert workers(server) == before, "a worker restarted"
     print(f"\nfuzz: {sum(tried.values())} requests, {tried['good']} good: {dict(sorted(tried.items()))}")
     assert tried["good"] >= EXAMPLES and sum(tried.values()) - tried["good"] >= EXAMPLES
+
+
+VOLUME = 10_000
+VOLUME_CONCURRENCY = 32
+
+
+def volume_cases(rng: random.Random, count: int) -> list[Case]:
+    """`count` requests, half good, half bad of every kind above, the largest shapes included."""
+    words = ["hello", "world", "cat", "sat", "mat", "embedding", "vector", "é", "漢字", "🚀", "\x00", "\n"]
+
+    def some_text(longest=12):
+        return " ".join(rng.choice(words) for _ in range(rng.randint(1, longest)))
+
+    def good_case() -> Case:
+        path = rng.choice(sorted(ROUTES))
+        texts = [some_text() for _ in range(rng.randint(1, 4))]
+        body = {ROUTES[path]: texts}
+        if path != "embed" and rng.random() < 0.5:
+            body["dimensions"] = rng.randint(1, DIMENSION)
+            body["encoding_format"] = rng.choice(["float", "base64"])
+            body["prompt_name"] = rng.choice(sorted(PROMPTS))
+            body["truncation_direction"] = rng.choice(["right", "left"])
+        if path != "embed" and rng.random() < 0.2:
+            body["input"] = [[rng.randrange(5, VOCAB_SIZE) for _ in range(rng.randint(1, 30))]]
+            return Case("good token ids", _json(body), path, inputs=1)
+        return Case("good", _json(body), path, inputs=len(texts))
+
+    makers = [
+        lambda: bad("invalid JSON", rng.choice([b"{", b"[1,", b'{"input": }', b"\x00\x01", b"nul"])),
+        lambda: bad("wrong type", {"input": rng.choice([1, 2.5, True, None, {"a": 1}])}),
+        lambda: bad("wrong item type", {"input": ["fine", rng.choice([1, None, {"x": 2}])]}),
+        lambda: bad("deeply nested", b"[" * 50_000 + b"]" * 50_000),
+        lambda: bad("invalid UTF-8", b'{"input": "ok \xc3\x28"}'),
+        lambda: bad("lone surrogate", b'{"input": "a\\udbffb"}'),
+        lambda: bad("token id out of range", {"input": [[5, rng.randint(VOCAB_SIZE, 2**40)]]}, (400, 422)),
+        lambda: bad("negative token id", {"input": [[5, -rng.randint(1, 99)]]}),
+        lambda: bad("absurd option", {"input": "x", "dimensions": rng.choice([0, -3, DIMENSION + 1, "8"])}),
+        lambda: bad("empty input", {"input": rng.choice(["", [], [""]])}),
+        lambda: bad("unknown route", {"input": "x"}, (404,), rng.choice(["v2", "embeddings", "x-y"])),
+        lambda: bad("too long, truncation off", {"input": ["embedding " * 100], "truncate": False}, (413,)),
+        lambda: bad("too many inputs", {"input": ["x"] * (MAX_INPUTS + 1)}, (413,)),
+        lambda: bad("form-encoded", b"input=hello", content_type="application/x-www-form-urlencoded"),
+    ]
+    largest = [
+        lambda: Case("largest: most inputs", _json({"input": [some_text() for _ in range(MAX_INPUTS)]}),
+                     inputs=MAX_INPUTS),
+        lambda: Case("largest: most inputs, longest texts", _json({"input": ["embedding " * 60] * MAX_INPUTS}),
+                     inputs=MAX_INPUTS),
+        lambda: bad(FRONTEND_413, b'{"input": "' + b"a" * MAX_REQUEST_BYTES + b'"}', (413,)),
+    ]
+    cases = []
+    for i in range(count):
+        if i % 500 == 0:
+            cases.append(largest[(i // 500) % len(largest)]())
+        else:
+            cases.append(good_case() if rng.random() < 0.5 else rng.choice(makers)())
+    return cases
+
+
+async def send_all(server, cases: list[Case]) -> list[tuple[int, bytes]]:
+    semaphore = asyncio.Semaphore(VOLUME_CONCURRENCY)
+    headers = server.auth()
+
+    async def one(session, case):
+        url = f"{server.url('inference')}/predictions/tiny" + (f"/1.0/{case.path}" if case.path else "")
+        async with semaphore:
+            async with session.post(url, data=case.body, headers={"Content-Type": case.content_type, **headers},
+                                    timeout=aiohttp.ClientTimeout(total=300)) as response:
+                return response.status, await response.read()
+
+    async with aiohttp.ClientSession() as session:
+        return await asyncio.gather(*(one(session, case) for case in cases))
+
+
+def test_ten_thousand_fuzzed_and_oversized_requests(server, record_property):
+    """The issue's bar: >= 10,000 requests, bad, good and the largest shapes interleaved, every one
+    answered with its own status, no good one lost, no worker restarted."""
+    before = workers(server)
+    cases = volume_cases(random.Random(14), VOLUME)
+    started = time.monotonic()
+    answers = asyncio.run(send_all(server, cases))
+    seconds = time.monotonic() - started
+    tally: Counter = Counter()
+    for case, (status, body) in zip(cases, answers):
+        assert status in case.statuses, (case, status, body[:300])
+        if case.kind != FRONTEND_413:
+            answer = json.loads(body)  # every answer is JSON
+            if case.kind.startswith(("good", "largest")):
+                rows = answer if case.path == "embed" else answer["data"]
+                assert len(rows) == case.inputs, case
+        tally[(case.kind, status)] += 1
+    assert workers(server) == before, "a worker restarted"
+    good = sum(n for (kind, _), n in tally.items() if kind.startswith(("good", "largest")))
+    summary = {"requests": len(cases), "seconds": round(seconds, 1), "good_answered_200": good,
+               "by_kind_and_status": {f"{kind} {status}": n for (kind, status), n in sorted(tally.items())}}
+    print(f"\nfuzz at volume: {json.dumps(summary)}")
+    record_property("fuzz_volume", summary)
+    assert len(cases) >= 10_000 and good >= 0.45 * len(cases)
