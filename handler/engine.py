@@ -43,6 +43,8 @@ WARMUP_TEXT = "Warm-up: the worker embeds this once before it reports ready."
 # a neighbour on the memory bus: up to 1.4x here), so half the timeout keeps every batch
 # well inside it: 120 s gives 60 s of measured work, done in at most about 85 s.
 WORK_SHARE = 0.5
+# Statuses a client should retry after a moment: a full work budget (429 on TEI routes).
+RETRY_LATER = (429, 503)
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ class EmbeddingEngine:
             report.statuses[status] = report.statuses.get(status, 0) + 1
         # Counts only: request text never reaches the logs.
         log.debug("batch: %s", report)
-        return [Response(status, body, {**headers, **({"retry-after": "1"} if status == 503 else {})})
+        return [Response(status, body, {**headers, **({"retry-after": "1"} if status in RETRY_LATER else {})})
                 for status, body in bodies], report
 
     def _admit(self, jobs: dict[int, _Job], bodies: list[tuple[int, bytes] | None]) -> dict[int, _Job]:

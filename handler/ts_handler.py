@@ -19,7 +19,7 @@ from ts.context import Context
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
-from handler.allocator import pin_mmap_threshold
+from handler.allocator import FreedMemory, pin_mmap_threshold
 from handler.busy import BusyMark
 from handler.encoder import DeviceFailure, resolve_placement
 from handler.engine import EmbeddingEngine, RawRequest, Response
@@ -44,6 +44,7 @@ class EmbeddingHandler:
         self.initialized = False
         self.device_failure: str | None = None
         self.busy: BusyMark | None = None
+        self.freed_memory = FreedMemory()
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
@@ -73,7 +74,9 @@ class EmbeddingHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         with self.busy.held():  # a stopping server waits for this batch's answers
-            return self._handle(data, context)
+            answers = self._handle(data, context)
+        self.freed_memory.release()
+        return answers
 
     def _handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]

@@ -66,7 +66,7 @@ def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny
     assert [r.status for r in responses] == [200, 413, 200, 503, 429]
     assert "80 tokens/s" in answers_[1]["error"]["message"] and "1 s response timeout" in answers_[1]["error"]["message"]
     assert answers_[3]["error"]["code"] == "overloaded" and responses[3].headers["retry-after"] == "1"
-    assert answers_[4]["error_type"] == "Overloaded"
+    assert answers_[4]["error_type"] == "Overloaded" and responses[4].headers["retry-after"] == "1"
     _, expected, _ = answers(tiny_engine, [bodies[0]])
     assert answers_[0]["data"] == expected[0]["data"]
     assert report.statuses == {200: 2, 413: 1, 503: 1, 429: 1}
