@@ -15,6 +15,7 @@ from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine
 from handler.settings import Settings
 from scripts.serverctl import TorchServe, isolated_config
+from tests.model_families import FAMILIES, make_family
 from tests.tiny_model import make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,6 +41,21 @@ def make_engine(model_dir: Path, **settings) -> EmbeddingEngine:
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir) -> EmbeddingEngine:
     return make_engine(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def families(tmp_path_factory) -> dict[str, Path]:
+    """A tiny random model of each family users deploy (tests/model_families.py)."""
+    root = tmp_path_factory.mktemp("families")
+    return {family: make_family(family, root / family) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def references(families):
+    """sentence-transformers on each family: the reference for the vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    return {family: SentenceTransformer(str(path), device="cpu") for family, path in families.items()}
 
 
 def make_server_config(root: Path, **properties: str) -> Path:

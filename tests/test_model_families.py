@@ -15,7 +15,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from handler.engine import RawRequest
 from tests.conftest import make_engine
-from tests.model_families import FAMILIES, make_family
+from tests.model_families import FAMILIES
 
 MIN_COSINE = 0.9999
 TEXTS = [
@@ -26,19 +26,6 @@ TEXTS = [
     "東京 日本 42 3.14 !",
     "  leading and trailing spaces  ",
 ]
-
-
-@pytest.fixture(scope="module")
-def families(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {family: make_family(family, root / family) for family in FAMILIES}
-
-
-@pytest.fixture(scope="module")
-def references(families):
-    from sentence_transformers import SentenceTransformer
-
-    return {family: SentenceTransformer(str(path), device="cpu") for family, path in families.items()}
 
 
 @pytest.fixture(scope="module")

@@ -13,23 +13,10 @@ import pytest
 import requests
 
 from tests.conftest import serving
-from tests.model_families import FAMILIES, make_family
+from tests.model_families import FAMILIES
 from tests.test_model_families import MIN_COSINE, TEXTS, min_cosine, st_on_ids
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def families(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served-families")
-    return {family: make_family(family, root / family) for family in FAMILIES}
-
-
-@pytest.fixture(scope="module")
-def references(families):
-    from sentence_transformers import SentenceTransformer
-
-    return {family: SentenceTransformer(str(path), device="cpu") for family, path in families.items()}
 
 
 @pytest.fixture(scope="module")
