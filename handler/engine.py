@@ -211,7 +211,7 @@ class EmbeddingEngine:
             except RequestError as err:
                 bodies[index] = _error_body(err, request.route) if request else (err.http_status, encode_error(err))
             except Exception as err:  # a bug met by one request must not fail its batch
-                _log_failure(f"preparing request {index} of the batch", err)
+                log_failure(f"preparing request {index} of the batch", err)
                 failure = internal_error()
                 bodies[index] = _error_body(failure, request.route) if request else (500, encode_error(failure))
         report.prepare_ms, clock = _since(clock)
@@ -270,7 +270,7 @@ class EmbeddingEngine:
                 half = len(jobs) // 2
                 return {**self._embed_isolated(jobs[:half], report), **self._embed_isolated(jobs[half:], report)}
             [(index, job)] = jobs
-            _log_failure(f"embedding request {index} of the batch", err)
+            log_failure(f"embedding request {index} of the batch", err)
             return {index: internal_error("the server failed to embed this request; the failure is logged")}
         finite = torch.isfinite(vectors).all(dim=1)
         outcomes: dict[int, tuple[torch.Tensor, frozenset[int]] | RequestError] = {}
@@ -294,7 +294,7 @@ class EmbeddingEngine:
         try:
             return 200, self._encode(job, vectors)
         except Exception as err:  # a bug met by one answer must not fail its batch
-            _log_failure(f"encoding the answer of request {index} of the batch", err)
+            log_failure(f"encoding the answer of request {index} of the batch", err)
             return _error_body(internal_error("the server failed to encode this answer; the failure is logged"),
                                job.request.route)
 
@@ -325,7 +325,7 @@ class EmbeddingEngine:
         try:
             lookup = cache.lookup(keys)
         except Exception as err:  # the cache is best effort: a bug in it costs hits, not answers
-            _log_failure("the cache lookup", err)
+            log_failure("the cache lookup", err)
             lookup = Lookup(errors=1)
         missing = {key: i for i, key in enumerate(keys) if key not in lookup.found}  # first index per key
         computed: dict[bytes, np.ndarray] = {}
@@ -341,7 +341,7 @@ class EmbeddingEngine:
             try:
                 report.cache_errors += cache.store(computed)
             except Exception as err:
-                _log_failure("storing in the cache", err)
+                log_failure("storing in the cache", err)
                 report.cache_errors += 1
         report.cache_errors += lookup.errors
         for key in keys:
@@ -469,8 +469,8 @@ def _error_body(err: RequestError, route: Route) -> tuple[int, bytes]:
     return err.http_status, encode_error(err)
 
 
-def _log_failure(what: str, err: BaseException) -> None:
-    # The frames and the type, not the message, which may quote request text.
+def log_failure(what: str, err: BaseException) -> None:
+    """The frames and the type, not the message, which may quote request text."""
     log.error("%s failed unexpectedly (%s):\n%s", what, type(err).__name__,
               "".join(traceback.format_tb(err.__traceback__)))
 

@@ -22,7 +22,7 @@ from ts.metrics.metric_type_enum import MetricTypes
 from handler.allocator import FreedMemory, pin_mmap_threshold
 from handler.busy import BusyMark
 from handler.encoder import DeviceFailure, resolve_placement
-from handler.engine import EmbeddingEngine, RawRequest, Response
+from handler.engine import EmbeddingEngine, RawRequest, Response, log_failure
 from handler.metrics import BatchReport, measurements
 from handler.settings import Settings
 
@@ -87,8 +87,8 @@ class EmbeddingHandler:
                 self.device_failure = "the worker's device failed"
                 log.critical("device failure (%s); this worker exits and TorchServe replaces it", err)
                 threading.Timer(EXIT_AFTER_DEVICE_FAILURE_S, os._exit, args=(3,)).start()
-            except Exception:  # the engine answers per request; this is the last line, never TorchServe's 503
-                log.exception("the batch failed unexpectedly; every request of it is answered 500")
+            except Exception as err:  # the engine answers per request; this is the last line, never TorchServe's 503
+                log_failure("the batch (every request of it is answered 500)", err)
                 responses = self.engine.failed(raw)
                 report = BatchReport(requests=len(raw), statuses={500: len(raw)})
         if self.device_failure is not None:
