@@ -5,9 +5,9 @@ of the model's identity (name, weights revision, dtype and int8 layers, the pipe
 transformer) and the token ids the model sees, plus the prompt tokens pooling leaves out where a
 Pooling module excludes the prompt. Every request option that changes what the model computes
 (prompt, truncation side, truncate on or off, max_length) is therefore part of the key by
-construction, because it changes those ids. The options applied after the model (normalize, dimensions, output dtype, encoding)
-run on the cached vector per request, so one entry serves them all and the answer is the same
-as uncached.
+construction, because it changes those ids. The options applied after the model (normalize,
+dimensions, output dtype, encoding) run on the cached vector per request, so one entry serves
+them all and the answer is the same as uncached.
 
 Redis is a shared, best-effort tier: any Redis error is counted and the batch goes on uncached;
 after an error Redis is left alone for `retry_s`, so an outage costs one timeout per interval,

@@ -5,9 +5,9 @@ internally it sorts by length and cuts forward passes under a padded-token budge
 least cost (handler/batching.py). On a CPU, small passes also borrow the CPUs other workers
 leave idle (handler/cpu_lending.py).
 
-Memory: a forward pass that runs out of memory (CUDA OOM; on a CPU, the allocator's RuntimeError
-or MemoryError) is split in two and retried, down to single inputs; only an input that does not fit alone fails, and the
-caller answers its request alone with 507. Any other CUDA error may have poisoned the process's
+Memory: a forward pass that runs out of memory (CUDA OOM; on a CPU, the allocator's
+RuntimeError or MemoryError) is split in two and retried, down to single inputs; only an input
+that does not fit alone fails, and the caller answers its request alone with 507. Any other CUDA error may have poisoned the process's
 CUDA context, so it is raised as DeviceFailure for the worker to exit and be replaced.
 """
 
@@ -29,7 +29,7 @@ from transformers.utils import logging as transformers_logging
 from handler.batching import padded_length, plan_sub_batches
 from handler.cpu_lending import CpuLending
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
-from handler.head import load_head, out_features
+from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
 from handler.pooling import PROMPT, pool
 from handler.settings import Settings
@@ -151,12 +151,10 @@ FAULTS_ENV = "EMBEDSERVE_TEST_FAULTS"
 @dataclass(frozen=True)
 class FaultInjection:
     """Failures the tests provoke in a real worker, enabled only through EMBEDSERVE_TEST_FAULTS,
-    e.g. "oom_above_tokens=64,device_error_token=7,error_token=9": a pass over 64 padded tokens
-    raises MemoryError; a pass holding token id 7 raises a CUDA-style device error, one holding
-    token id 9 any other error (a bug, or an input the model cannot take)."""
+    e.g. "oom_above_tokens=64,device_error_token=7": a pass over 64 padded tokens raises
+    MemoryError; a pass holding token id 7 raises a CUDA-style device error."""
     oom_above_tokens: int = 0
     device_error_token: int = -1
-    error_token: int = -1
 
     @classmethod
     def from_env(cls) -> "FaultInjection | None":
@@ -172,8 +170,6 @@ class FaultInjection:
             raise MemoryError(f"injected: {ids.numel()} padded tokens > {self.oom_above_tokens}")
         if self.device_error_token >= 0 and bool((ids == self.device_error_token).any()):
             raise RuntimeError("CUDA error: device-side assert triggered (injected)")
-        if self.error_token >= 0 and bool((ids == self.error_token).any()):
-            raise IndexError("index out of range in self (injected)")
 
 
 def _is_out_of_memory(err: BaseException) -> bool:
@@ -208,8 +204,7 @@ class Encoder:
         self.model = self._load_model()
         self.faults = FaultInjection.from_env()
         pooled_width = int(self.model.config.hidden_size) * len(pooling.modes)
-        self.head = load_head(self.model_dir, head, pooled_width, placement.device)
-        self.dimension = out_features(self.head, pooled_width)
+        self.head, self.dimension = load_head(self.model_dir, head, pooled_width, placement.device)
         self.graphs: GraphRunner | None = None
         if placement.cuda_graph_buckets:
             with torch.inference_mode():

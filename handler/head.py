@@ -49,10 +49,11 @@ class LayerNorm(torch.nn.Module):
 
 
 def load_head(model_dir: Path, modules: Sequence[HeadModule], in_features: int,
-              device: torch.device) -> torch.nn.Sequential | None:
-    """The modules in order, weights loaded strictly; None when the pipeline has none."""
+              device: torch.device) -> tuple[torch.nn.Sequential | None, int]:
+    """The modules in order, weights loaded strictly (None when the pipeline has none), and the
+    width of the vector they give."""
     if not modules:
-        return None
+        return None, in_features
     layers = []
     width = in_features
     for module in modules:
@@ -74,12 +75,7 @@ def load_head(model_dir: Path, modules: Sequence[HeadModule], in_features: int,
             layer = Normalize()
         _load_weights(layer, model_dir / module.folder)
         layers.append(layer)
-    return torch.nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval()
-
-
-def out_features(head: torch.nn.Sequential | None, in_features: int) -> int:
-    widths = [layer.linear.out_features for layer in head or () if isinstance(layer, Dense)]
-    return widths[-1] if widths else in_features
+    return torch.nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval(), width
 
 
 def _load_weights(layer: torch.nn.Module, folder: Path) -> None:

@@ -15,6 +15,7 @@ from handler.encoder import FAULTS_ENV, DeviceFailure, FaultInjection
 from handler.engine import RawRequest
 from tests.conftest import REPO, make_engine, serving
 from tests.test_engine import TEXTS
+from tests.test_limits import PoisonedForward
 from tests.test_server import concurrently, predict, vectors
 
 # The tiny model truncates at 48 tokens. Passes over 40 padded tokens "run out of memory": short
@@ -81,7 +82,7 @@ def test_a_device_error_is_raised_as_device_failure(faulty_engine):
 
 def test_another_forward_failure_fails_only_the_request_that_causes_it(tiny_model_dir, tiny_engine):
     engine = make_engine(tiny_model_dir, cache_entries=100)
-    engine.encoder.faults = FaultInjection(error_token=ERROR_TOKEN)
+    engine.encoder._pooled = PoisonedForward(engine.encoder, token=ERROR_TOKEN)
     bodies = [{"input": SHORT[:3]}, {"input": ["fine", [5, ERROR_TOKEN, 9]]}, {"input": SHORT[3:]},
               {"input": [[ERROR_TOKEN]]}]
     results, report = answers(engine, bodies)
