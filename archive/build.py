@@ -30,6 +30,7 @@ from archive.digest import sha256_files
 from archive.smoke import SmokeError, check_model
 from archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from archive.metrics_config import write_metrics_config
+from archive.onnx_export import export_onnx
 from archive.ts_config import read_properties, register_model, update_properties
 from handler.codec import max_answer_bytes
 from handler.model_files import describe_model
@@ -101,7 +102,13 @@ def build(args: argparse.Namespace) -> Path:
         shutil.copytree(REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         write_metrics_config(stage / METRICS_FILE)
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
-        dimension = describe_model(stage / "model").served_with(config["handler"]["pooling"]).dimension
+        description = describe_model(stage / "model").served_with(config["handler"]["pooling"])
+        dimension = description.dimension
+        if serves_onnx(config["handler"]):
+            outcome = export_onnx(stage / "model", description.usable_positions)
+            print(f"ONNX Runtime (the CPU engine): {outcome}", file=sys.stderr)
+            if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
+                raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
         frontend = frontend_limits(config["handler"], dimension, args.name)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if args.dtype == "int8":
@@ -216,6 +223,12 @@ def weights_revision(model_dir: Path) -> str:
     """A content hash of the weights, the pipeline modules' included, so /info tells exactly which
     weights are served (and the cache keys on them)."""
     return "sha256:" + sha256_files(sorted(model_dir.rglob("*.safetensors")))[:16]
+
+
+def serves_onnx(handler: dict) -> bool:
+    """Whether a worker of this build may run ONNX Runtime: float32 on a CPU (or auto), not compiled."""
+    return (handler.get("engine", "auto") != "torch" and handler["device"] in ("auto", "cpu")
+            and handler["dtype"] in ("auto", "float32") and not handler.get("compile"))
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:

@@ -36,13 +36,13 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
 
     dtype = "int8" if handler_section["dtype"] == "int8" else "float32"  # GPU dtypes are checked as float32
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
-    placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
+    placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False, model_dir=model_dir)
     engine = EmbeddingEngine.load(model_dir, settings, placement, model_name="check")
     engine.warmup()
     info = engine.info()
     prompts = ", ".join(f"{name}={text!r}" for name, text in engine.prompts.items()) or "none"
     lines = [
-        f"architecture: {info['architecture']} ({type(engine.encoder.model).__name__})",
+        f"architecture: {info['architecture']} (engine: {info['engine']})",
         f"pipeline: {' -> '.join(info['modules'])}",
         f"pooling: {info['pooling']}",
         f"prompts: {prompts}; default: {engine.default_prompt!r}",

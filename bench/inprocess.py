@@ -18,7 +18,8 @@ from handler.settings import Settings
 
 def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingEngine:
     config = Settings.from_mapping({"device": "cpu", "cpu_threads": threads, **settings})
-    engine = EmbeddingEngine.load(model_dir, config, resolve_placement(config, None, 1, False), "bench")
+    placement = resolve_placement(config, None, 1, False, model_dir=model_dir)
+    engine = EmbeddingEngine.load(model_dir, config, placement, "bench")
     engine.warmup()
     return engine
 

@@ -44,7 +44,11 @@ class Route(Enum):
 
     @property
     def tei(self) -> bool:
-        return self in (Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO)
+        return self in _TEI_ROUTES
+
+
+_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO))
+_ROUTES = {route.value: route for route in Route}
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,9 @@ class EmbeddingRequest:
 
 def parse_route(url_path: str | None) -> Route:
     path = (url_path or "").strip("/")
-    for route in Route:
-        if route.value == path:
-            return route
+    route = _ROUTES.get(path)
+    if route is not None:
+        return route
     known = ", ".join(f"'{r.value}'" for r in Route)
     raise not_found(f"unknown route '{path}' after /predictions/<model>/<version>/; known: {known}")
 
@@ -137,6 +141,11 @@ def decode_body(body: Any, content_type: str | None) -> Any:
 def _without_surrogates(value: Any) -> Any:
     """JSON may escape unpaired UTF-16 surrogates ("\\ud800"), which are not text: no tokenizer or
     encoder takes them. Refuse them, naming where, instead of failing later."""
+    try:
+        orjson.dumps(value)  # in C: refuses a surrogate anywhere, keys included
+        return value
+    except TypeError:  # a surrogate, or what orjson cannot write (a huge int, deep nesting): look closer
+        pass
     stack = [(value, "body")]
     while stack:
         item, path = stack.pop()

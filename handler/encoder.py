@@ -19,11 +19,13 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import numpy as np
 import torch
-from transformers import AutoModel
+from transformers import AutoConfig, AutoModel
 from transformers.utils import logging as transformers_logging
 
 from handler.batching import padded_length, plan_sub_batches
@@ -31,6 +33,8 @@ from handler.cpu_lending import CpuLending
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
 from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
+from handler.onnx_runtime import ONNX_FILE, OnnxTransformer
+from handler.onnx_runtime import is_out_of_memory as _onnx_out_of_memory
 from handler.pooling import PROMPT, pool
 from handler.settings import Settings
 
@@ -73,10 +77,13 @@ class Placement:
     cuda_graph_buckets: tuple[Bucket, ...] = ()
     cuda_graph_max_bytes: int = 0
     compile: bool = False
+    engine: str = "torch"  # or "onnxruntime" (CPU, float32)
 
 
-def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool) -> Placement:
-    """Pick device, dtype, threads and forward-pass shape from the settings and this worker's lot."""
+def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool,
+                      model_dir: Path | None = None) -> Placement:
+    """Pick device, dtype, threads, engine and forward-pass shape from the settings, the model's
+    files and this worker's lot."""
     if settings.device == "auto":
         device = torch.device(f"cuda:{gpu_id or 0}") if cuda_available else torch.device("cpu")
     else:
@@ -102,6 +109,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         log.warning("handler setting 'cuda_graphs' needs a CUDA device; this %s worker runs eagerly", device)
     buckets = ladder(settings.cuda_graph_batches, settings.cuda_graph_lengths, max_batch_tokens) \
         if settings.cuda_graphs and on_gpu else []
+    engine = _resolve_engine(settings, on_gpu, dtype, int8, model_dir)
     return Placement(
         device, dtype, threads, lend_cpus=cpus if lend else 0,
         max_batch_tokens=max_batch_tokens,
@@ -110,7 +118,22 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         cuda_graph_buckets=tuple(buckets),
         cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
         compile=settings.compile,
+        engine=engine,
     )
+
+
+def _resolve_engine(settings: Settings, on_gpu: bool, dtype: torch.dtype, int8: bool, model_dir: Path | None) -> str:
+    exported = model_dir is not None and (Path(model_dir) / ONNX_FILE).is_file()
+    onnx_fits = not on_gpu and dtype == torch.float32 and not int8 and not settings.compile
+    if settings.engine == "onnxruntime":
+        if not onnx_fits:
+            raise ValueError("handler setting 'engine': onnxruntime runs float32 on a CPU (no int8, no compile)")
+        if not exported:
+            raise ValueError(f"handler setting 'engine': onnxruntime needs the build's {ONNX_FILE}, which the "
+                             "archive does not hold (rebuild it with --set engine=auto)")
+    if settings.engine == "torch":
+        return "torch"
+    return "onnxruntime" if onnx_fits and exported else "torch"
 
 
 def available_cpus(cgroup_cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
@@ -174,7 +197,7 @@ class FaultInjection:
 
 def _is_out_of_memory(err: BaseException) -> bool:
     # PyTorch's CPU allocator raises a RuntimeError of its own, not MemoryError.
-    return isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or (
+    return isinstance(err, (MemoryError, torch.cuda.OutOfMemoryError)) or _onnx_out_of_memory(err) or (
         isinstance(err, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(err))
 
 
@@ -201,9 +224,17 @@ class Encoder:
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
         self.lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
-        self.model = self._load_model()
+        # The torch model (None under ONNX Runtime) and what runs the transformer: (batch, seq)
+        # ids and attention mask -> (batch, seq, hidden) states.
+        self.model: torch.nn.Module | None = None
+        if placement.engine == "onnxruntime":
+            self.transformer = OnnxTransformer(self.model_dir / ONNX_FILE, placement.cpu_threads or 1,
+                                               lend_threads=placement.lend_cpus)
+        else:
+            self.model = self._load_model()
+            self.transformer = self._torch_transformer
         self.faults = FaultInjection.from_env()
-        pooled_width = int(self.model.config.hidden_size) * len(pooling.modes)
+        pooled_width = int(AutoConfig.from_pretrained(self.model_dir).hidden_size) * len(pooling.modes)
         self.head, self.dimension = load_head(self.model_dir, head, pooled_width, placement.device)
         self.graphs: GraphRunner | None = None
         if placement.cuda_graph_buckets:
@@ -313,9 +344,12 @@ class Encoder:
     def _pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(batch, seq) ids and pooling mask (handler/pooling.py) -> (batch, dimension) float32."""
         attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
-        hidden = self.model(input_ids=ids, attention_mask=attention).last_hidden_state  # (batch, seq, hidden)
+        hidden = self.transformer(ids, attention)  # (batch, seq, hidden)
         pooled = pool(hidden, mask, self.pooling.modes)  # (batch, hidden * modes)
         return pooled if self.head is None else self.head(pooled)
+
+    def _torch_transformer(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=attention).last_hidden_state
 
     def _release_memory(self) -> None:
         if self.placement.device.type == "cuda":
@@ -324,16 +358,17 @@ class Encoder:
     def _pad(self, rows: list[Sequence[int]], unpooled: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad to the longest row, rounded up to the placement's multiple; the mask marks
         padding, pooled tokens and prompt tokens pooling leaves out (handler/pooling.py)."""
-        length = padded_length(max(len(r) for r in rows), self.placement.pad_multiple)
-        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
-            if unpooled:
-                mask[i, : min(unpooled[i], len(row))] = PROMPT
+        sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        length = padded_length(int(sizes.max()), self.placement.pad_multiple)
+        positions = np.arange(length)
+        real = positions < sizes[:, None]  # (rows, length): True on each row's own tokens
+        ids = np.full((len(rows), length), self.pad_id, dtype=np.int64)
+        ids[real] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(sizes.sum()))  # row by row
+        mask = real.astype(np.int64)
+        if unpooled:
+            mask[positions < np.minimum(np.asarray(unpooled, dtype=np.int64), sizes)[:, None]] = PROMPT
         device = self.placement.device
-        return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        return torch.from_numpy(ids).to(device, non_blocking=True), torch.from_numpy(mask).to(device, non_blocking=True)
 
 
 def quantizable_layers(model: torch.nn.Module) -> list[str]:

@@ -1,9 +1,10 @@
 """The embedding engine: a batch of raw requests in, one response per request out.
 
 Server-agnostic: TorchServe's adapter (ts_handler.py) only moves bytes and statuses in and out.
-Each request is parsed, checked against the model and its limits, and tokenized on its own, so
-a bad one becomes its own error response and takes no part in the forward pass. The inputs of
-all good requests are embedded together and split back by span.
+Each request is parsed and checked against the model and its limits on its own, so a bad one
+becomes its own error response and takes no part in the forward pass. The texts of all good
+requests are tokenized in one call, then each request's token limits are checked on its own;
+the inputs of the requests that pass are embedded together and split back by span.
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ class Response:
 
 
 @dataclass(frozen=True)
+class _Checked:
+    """A valid embedding request before tokenizing: the texts it needs tokenized."""
+    request: EmbeddingRequest
+    normalize: bool
+    prompt: Prompt
+    texts: dict[int, str]  # input index -> prompt + text, for the tokenizer
+    bodies: list[list[int] | None]  # token ids without special tokens; None where `texts` holds the input
+
+
+@dataclass(frozen=True)
 class _Job:
     """A valid embedding request, tokenized: model input ids per input."""
     request: EmbeddingRequest
@@ -115,7 +126,7 @@ class EmbeddingEngine:
         # Everything that changes a vector for the same token ids: weights (the revision hashes
         # the pipeline modules' too), how they run, and the pipeline after the transformer.
         dtype = "int8:" + ",".join(placement.int8_fp32_layers) if placement.int8_fp32_layers is not None \
-            else str(placement.dtype)
+            else f"{placement.dtype}:{placement.engine}"
         cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
                            identity=f"{settings.revision}|{dtype}|{'/'.join(description.modules)}")
         return cls(tokenizer, encoder, settings, model_name=model_name, max_length=max_length,
@@ -166,6 +177,7 @@ class EmbeddingEngine:
             "model_type": "embedding",
             "model_dtype": "int8" if placement.int8_fp32_layers is not None else str(placement.dtype).removeprefix("torch."),
             "device": str(placement.device),
+            "engine": placement.engine,
             "embedding_dimension": self.encoder.dimension,
             "max_input_length": self.max_length,
             "architecture": self.description.model_type,
@@ -197,7 +209,7 @@ class EmbeddingEngine:
         report = BatchReport(requests=len(raw_requests), cache_enabled=self.cache is not None)
         clock = time.perf_counter()
         bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
-        jobs: dict[int, _Job] = {}
+        checked: dict[int, _Checked] = {}
         for index, raw in enumerate(raw_requests):
             request = None
             try:
@@ -207,19 +219,21 @@ class EmbeddingEngine:
                 elif request.route is Route.TEI_TOKENIZE:
                     bodies[index] = (200, self._tokenize(request))
                 else:
-                    jobs[index] = self._prepare(request)
+                    checked[index] = self._check(request)
             except RequestError as err:
                 bodies[index] = _error_body(err, request.route) if request else (err.http_status, encode_error(err))
             except Exception as err:  # a bug met by one request must not fail its batch
                 log_failure(f"preparing request {index} of the batch", err)
                 failure = internal_error()
                 bodies[index] = _error_body(failure, request.route) if request else (500, encode_error(failure))
+        jobs = self._tokenize_checked(checked, bodies)
         report.prepare_ms, clock = _since(clock)
 
         jobs = self._admit(jobs, bodies)
         if jobs:
             embedded = self._embed_isolated(list(jobs.items()), report)
             report.model_ms, clock = _since(clock)
+            embedded = self._shape_vectors(jobs, embedded)
             for index, job in jobs.items():
                 outcome = embedded[index]
                 bodies[index] = _error_body(outcome, job.request.route) if isinstance(outcome, RequestError) \
@@ -234,6 +248,31 @@ class EmbeddingEngine:
         log.debug("batch: %s", report)
         return [Response(status, body, {**headers, **({"retry-after": "1"} if status in RETRY_LATER else {})})
                 for status, body in bodies], report
+
+    def _tokenize_checked(self, checked: dict[int, _Checked], bodies: list[tuple[int, bytes] | None]
+                          ) -> dict[int, _Job]:
+        """The checked requests' texts tokenized in one call, then each request finished on its
+        own: a request over a token limit is answered alone, the others go on."""
+        texts = [text for pending in checked.values() for text in pending.texts.values()]
+        try:
+            tokenized = self.tokenizer.body_ids(texts) if texts else []
+        except Exception:  # a text that breaks the tokenizer: tokenize each request alone to find its owner
+            tokenized = None
+        jobs: dict[int, _Job] = {}
+        start = 0
+        for index, pending in checked.items():
+            stop = start + len(pending.texts)
+            try:
+                own = tokenized[start:stop] if tokenized is not None else \
+                    self.tokenizer.body_ids(list(pending.texts.values()))
+                jobs[index] = self._finish(pending, own)
+            except RequestError as err:
+                bodies[index] = _error_body(err, pending.request.route)
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                bodies[index] = _error_body(internal_error(), pending.request.route)
+            start = stop
+        return jobs
 
     def _admit(self, jobs: dict[int, _Job], bodies: list[tuple[int, bytes] | None]) -> dict[int, _Job]:
         """The requests this batch's work budget holds, in arrival order; the others are answered
@@ -272,7 +311,7 @@ class EmbeddingEngine:
             [(index, job)] = jobs
             log_failure(f"embedding request {index} of the batch", err)
             return {index: internal_error("the server failed to embed this request; the failure is logged")}
-        finite = torch.isfinite(vectors).all(dim=1)
+        finite = torch.isfinite(vectors).all(dim=1).tolist()
         outcomes: dict[int, tuple[torch.Tensor, frozenset[int]] | RequestError] = {}
         for (index, job), span in zip(jobs, spans):
             own_unfit = frozenset(i - span.start for i in unfit if span.start <= i < span.stop)
@@ -354,23 +393,51 @@ class EmbeddingEngine:
         rows = [lookup.found.get(key, computed.get(key, zeros)) for key in keys]
         return torch.from_numpy(np.stack(rows)), frozenset(i for i, key in enumerate(keys) if key in failed_keys)
 
-    def _prepare(self, request: EmbeddingRequest) -> _Job:
+    def _check(self, request: EmbeddingRequest) -> _Checked:
+        """Every check before tokenizing: limits, options, prompt, token ids; and the texts to
+        tokenize: `prompt + text`, tokenized as one string, as sentence-transformers does. With a
+        prompt, token-id inputs are the text they decode to, so that both forms of one text give
+        the same vector."""
         options = request.options
         normalize = self.settings.normalize if options.normalize is None else options.normalize
         self._check_limits(request)
         self._check_options(request, normalize)
         prompt = self._prompt(options.prompt_name)
-        bodies = self._bodies(request, prompt.text)
+        texts: dict[int, str] = {}
+        bodies: list[list[int] | None] = []
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str):
+                texts[i] = prompt.text + item
+                bodies.append(None)
+                continue
+            for j, token in enumerate(item):
+                if token >= self.tokenizer.vocab_size:
+                    raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
+                                        f"vocabulary of {self.tokenizer.vocab_size}",
+                                        param=f"{request.field}[{i}][{j}]")
+            if prompt.text:
+                texts[i] = prompt.text + self.tokenizer.decode(item)
+            bodies.append(None if prompt.text else list(item))
+        return _Checked(request, normalize, prompt, texts, bodies)
+
+    def _finish(self, checked: _Checked, tokenized: list[list[int]]) -> _Job:
+        """The checks after tokenizing, given the token ids of `checked.texts` in order: length
+        per input (truncated, or refused with truncation off) and tokens per request."""
+        request, prompt = checked.request, checked.prompt
+        options = request.options
+        bodies = list(checked.bodies)
+        for i, ids in zip(checked.texts, tokenized):
+            bodies[i] = ids
         truncate = self.settings.truncate if options.truncate is None else options.truncate
-        tokenized = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction, keep=prompt.tokens)
+        assembled = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction, keep=prompt.tokens)
                      for body in bodies]
-        for i, item in enumerate(tokenized):
+        for i, item in enumerate(assembled):
             if not truncate and item.full_length > self.max_length:
                 raise too_large(
                     f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
                     "and truncation is off (send \"truncate\": true to cut it)",
                     param=f"{request.field}[{i}]")
-        total = sum(len(item.ids) for item in tokenized)
+        total = sum(len(item.ids) for item in assembled)
         if total > self.settings.max_tokens_per_request:
             raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
                             f"{self.settings.max_tokens_per_request}", param=request.field)
@@ -380,7 +447,7 @@ class EmbeddingEngine:
                             f"{self.max_request_tokens} tokens to finish well within the server's "
                             f"{self.response_timeout_s:.0f} s response timeout; send fewer or shorter inputs per request",
                             param=request.field)
-        return _Job(request, [item.ids for item in tokenized], normalize, prompt.unpooled)
+        return _Job(request, [item.ids for item in assembled], checked.normalize, prompt.unpooled)
 
     def _check_limits(self, request: EmbeddingRequest) -> None:
         """Input count and characters per text, both before any tokenizing."""
@@ -418,43 +485,44 @@ class EmbeddingEngine:
             raise unprocessable(f"unknown 'prompt_name' '{name}'; known: {known}", param="prompt_name")
         return self._prompt_tokens[self.prompts[name]]
 
-    def _bodies(self, request: EmbeddingRequest, prompt: str) -> list[list[int]]:
-        """Token ids without special tokens for each input, the prompt in front: `prompt + text`
-        tokenized as one string, as sentence-transformers does. With a prompt, token-id inputs are
-        the text they decode to, so that both forms of one text give the same vector."""
-        texts: dict[int, str] = {}
-        bodies: list[list[int] | None] = []
-        for i, item in enumerate(request.inputs):
-            if isinstance(item, str):
-                texts[i] = prompt + item
-                bodies.append(None)
-                continue
-            for j, token in enumerate(item):
-                if token >= self.tokenizer.vocab_size:
-                    raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
-                                        f"vocabulary of {self.tokenizer.vocab_size}",
-                                        param=f"{request.field}[{i}][{j}]")
-            if prompt:
-                texts[i] = prompt + self.tokenizer.decode(item)
-            bodies.append(None if prompt else list(item))
-        for i, ids in zip(texts, self.tokenizer.body_ids(list(texts.values()))):
-            bodies[i] = ids
-        return bodies
-
     def _tokenize(self, request: EmbeddingRequest) -> bytes:
         self._check_limits(request)
         prompt = self._prompt(request.options.prompt_name).text
         texts = [prompt + text for text in request.inputs]
         return encode_tokens(self.tokenizer.tokens(texts, request.options.add_special_tokens))
 
+    def _shape_vectors(self, jobs: dict[int, _Job],
+                       outcomes: dict[int, tuple[torch.Tensor, frozenset[int]] | RequestError]
+                       ) -> dict[int, tuple[torch.Tensor, frozenset[int]] | RequestError]:
+        """Each request's vectors as it asked: Matryoshka truncation first, then normalization, so
+        truncated vectors are unit length. The rows of all requests that ask for one `dimensions`
+        are normalized together, in one operation."""
+        groups: dict[int | None, list[int]] = {}
+        for index, job in jobs.items():
+            outcome = outcomes[index]
+            if isinstance(outcome, RequestError):
+                continue
+            dimensions = job.request.options.dimensions
+            if dimensions is not None:
+                outcomes[index] = (outcome[0][:, :dimensions], outcome[1])
+            if job.normalize:
+                groups.setdefault(dimensions, []).append(index)
+        for indices in groups.values():
+            parts = [outcomes[index][0] for index in indices]
+            try:
+                normalized = l2_normalize(torch.cat(parts) if len(parts) > 1 else parts[0])
+            except Exception as err:  # a bug met here fails these answers, not the batch
+                log_failure("normalizing the embeddings of the batch", err)
+                for index in indices:
+                    outcomes[index] = internal_error("the server failed to encode this answer; the failure is logged")
+                continue
+            for index, rows in zip(indices, normalized.split([len(part) for part in parts])):
+                outcomes[index] = (rows, outcomes[index][1])
+        return outcomes
+
     def _encode(self, job: _Job, vectors: torch.Tensor) -> bytes:
-        """Matryoshka truncation first, then normalization, so truncated vectors are unit length."""
-        options = job.request.options
-        if options.dimensions is not None:
-            vectors = vectors[:, : options.dimensions]
-        if job.normalize:
-            vectors = l2_normalize(vectors)
-        return encode_embeddings(job.request, quantize(vectors.numpy(), options.output_dtype),
+        """The answer to `job`, its vectors already truncated and normalized (_shape_vectors)."""
+        return encode_embeddings(job.request, quantize(vectors.numpy(), job.request.options.output_dtype),
                                  model_name=self.model_name, prompt_tokens=sum(len(ids) for ids in job.ids))
 
 

@@ -14,6 +14,7 @@ from handler.model_files import POOLING_MODES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+ENGINES = ("auto", "torch", "onnxruntime")
 POOLINGS = ("auto", *POOLING_MODES)
 
 
@@ -37,6 +38,10 @@ class Settings:
     # Linear layers kept in float32 under int8, chosen by the build's calibration (the ones
     # whose quantization costs the most accuracy).
     int8_fp32_layers: tuple[str, ...] = ()
+    # What runs the transformer. "auto": ONNX Runtime for float32 on a CPU where the archive holds
+    # the build's export (transformer.onnx), else PyTorch. "torch" always; "onnxruntime" requires
+    # the export, a CPU and float32 (handler/onnx_runtime.py).
+    engine: str = "auto"
     # "auto": read from the model's sentence-transformers files, else mean; or one of
     # POOLING_MODES, which replaces the modes of the model's own Pooling module.
     pooling: str = "auto"
@@ -117,6 +122,7 @@ class Settings:
             raise SettingsError("device", f"'{self.device}' is not one of {', '.join(DEVICES)} or cuda:N")
         _require_choice("dtype", self.dtype, DTYPES)
         _require_choice("pooling", self.pooling, POOLINGS)
+        _require_choice("engine", self.engine, ENGINES)
         if self.max_length < 0:
             raise SettingsError("max_length", "must be >= 0 (0 means the model's limit)")
         if self.max_batch_tokens < 0:

@@ -45,6 +45,7 @@ class EmbeddingHandler:
         self.device_failure: str | None = None
         self.busy: BusyMark | None = None
         self.freed_memory = FreedMemory()
+        self.metric_series: set[tuple[str, tuple[str, ...]]] = set()  # the series this worker has emitted
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
@@ -52,13 +53,14 @@ class EmbeddingHandler:
         config = context.model_yaml_config or {}
         settings = Settings.from_mapping(config.get("handler"))
         properties = context.system_properties
+        model_dir = Path(properties["model_dir"]) / settings.model_path
         placement = resolve_placement(
             settings,
             gpu_id=properties.get("gpu_id"),
             workers=int(config.get("minWorkers") or 1),
             cuda_available=torch.cuda.is_available(),
+            model_dir=model_dir,
         )
-        model_dir = Path(properties["model_dir"]) / settings.model_path
         self.engine = EmbeddingEngine.load(model_dir, settings, placement, model_name=context.model_name)
         if settings.warmup:
             self.engine.warmup()
@@ -67,8 +69,8 @@ class EmbeddingHandler:
         self.initialized = True
         info = self.engine.info()
         log.info(
-            "model %s ready: device=%s dtype=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
-            context.model_name, info["device"], info["model_dtype"], placement.cpu_threads, info["pooling"],
+            "model %s ready: device=%s dtype=%s engine=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
+            context.model_name, info["device"], info["model_dtype"], info["engine"], placement.cpu_threads, info["pooling"],
             info["max_input_length"], info["embedding_dimension"], time.perf_counter() - started,
         )
 
@@ -94,7 +96,7 @@ class EmbeddingHandler:
         if self.device_failure is not None:
             responses = self.engine.unavailable(raw, self.device_failure)
             report = BatchReport(requests=len(raw), statuses={503: len(raw)})
-        _record(context, report)
+        _record(context, report, self.metric_series)
         self._reply(responses, context)
         return [response.body for response in responses]
 
@@ -109,8 +111,15 @@ class EmbeddingHandler:
                 context.set_response_header(idx, key, value)
 
 
-def _record(context: Context, report: BatchReport) -> None:
+def _record(context: Context, report: BatchReport, emitted: set[tuple[str, tuple[str, ...]]]) -> None:
+    """One metric line per measurement, but a zero for a counter whose series exists already: it
+    would add nothing, and each line costs TorchServe a log record. The first zero is sent, so
+    every series exists (with 0) from the first batch that measures it."""
     for spec, value, dimension_values in measurements(report):
+        series = (spec.name, dimension_values)
+        if not value and spec.kind == "counter" and series in emitted:
+            continue
+        emitted.add(series)
         # A fresh list each call: TorchServe appends its default dimensions to the one given.
         dimensions = [Dimension(name, value) for name, value in zip(spec.dimensions, dimension_values)]
         context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,

@@ -4,12 +4,14 @@ TorchServe per test session serving the tiny model and the real all-MiniLM-L6-v2
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from archive.build import main as build_main
+from archive.onnx_export import export_onnx
 from archive.ts_config import update_properties
 from handler.encoder import resolve_placement
 from handler.engine import EmbeddingEngine
@@ -34,8 +36,18 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 def make_engine(model_dir: Path, **settings) -> EmbeddingEngine:
     config = Settings.from_mapping({"device": "cpu", "cpu_threads": 1, **settings})
-    placement = resolve_placement(config, gpu_id=None, workers=1, cuda_available=False)
+    placement = resolve_placement(config, gpu_id=None, workers=1, cuda_available=False, model_dir=model_dir)
     return EmbeddingEngine.load(model_dir, config, placement, model_name="tiny")
+
+
+@pytest.fixture(scope="session")
+def onnx_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with the build's ONNX export beside its weights."""
+    path = tmp_path_factory.mktemp("tiny-onnx") / "model"
+    shutil.copytree(tiny_model_dir, path)
+    outcome = export_onnx(path, max_positions=64)
+    assert outcome.startswith("exported"), outcome
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -199,3 +199,19 @@ def test_a_set_pass_cost_is_kept_through_warmup(tiny_model_dir):
     assert engine.encoder.pass_overhead_tokens == 5000
     # At that price the planner fills passes to the budget: 40 texts of up to 8 tokens in one.
     assert engine.encoder.embed([[2] * (1 + i % 8) for i in range(40)]).passes == 1
+
+
+def test_requests_that_differ_in_dimensions_and_normalize_share_a_batch(tiny_engine):
+    bodies = [{"input": TEXTS[:3], "dimensions": 8}, {"input": TEXTS[3:]}, {"input": TEXTS[:2], "normalize": False},
+              {"input": TEXTS[2:4], "dimensions": 8, "normalize": False}, {"input": TEXTS, "dimensions": 16},
+              {"input": TEXTS[4:], "dimensions": 8}]
+    responses = tiny_engine.handle([RawRequest(json.dumps(b).encode(), "application/json") for b in bodies])
+    for body, response in zip(bodies, responses):
+        got = vectors_of(json.loads(response.body))
+        np.testing.assert_allclose(got, vectors_of(embed(tiny_engine, body)), atol=1e-6)  # as if alone
+        assert got.shape[1] == body.get("dimensions", 32)
+        norms = np.linalg.norm(got, axis=1)
+        if body.get("normalize", True):
+            np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+        else:
+            assert not np.allclose(norms, 1.0, atol=1e-3)

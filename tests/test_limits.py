@@ -137,3 +137,40 @@ def test_a_failing_forward_pass_is_traced_to_its_request(tiny_model_dir):
     responses, _, report = answers(engine, bodies)
     assert [r.status for r in responses] == [200] * 5 + [500] + [200] * 5
     assert report.statuses == {200: 10, 500: 1}
+
+
+def test_one_tokenizer_call_per_batch_and_token_limits_stay_with_their_request(tiny_model_dir, monkeypatch):
+    engine = make_engine(tiny_model_dir, max_tokens_per_request=30)
+    calls = []
+    body_ids = engine.tokenizer.body_ids
+    monkeypatch.setattr(engine.tokenizer, "body_ids", lambda texts: calls.append(len(texts)) or body_ids(texts))
+    long = " ".join(["embedding"] * 60)
+    bodies = [{"input": SHORT}, {"input": ["hello", long], "truncate": False}, {"input": "the cat sat"},
+              {"input": [long, "x"]}, {"input": [[5, 6, 7], "a b"], "prompt_name": "query"}, {"input": []}]
+    responses, out, _ = answers(engine, bodies)
+    assert [r.status for r in responses] == [200, 413, 200, 413, 200, 400]
+    assert calls == [len(SHORT) + 2 + 1 + 2 + 2]  # every text of the parsed requests, the prompted ids decoded
+    assert out[1]["error"]["param"] == "input[1]" and "truncation is off" in out[1]["error"]["message"]
+    assert "max_tokens_per_request=30" in out[3]["error"]["message"]
+    for index in (0, 2, 4):  # each answered as it would be alone
+        alone, alone_out, _ = answers(engine, [bodies[index]])
+        np.testing.assert_allclose([d["embedding"] for d in out[index]["data"]],
+                                   [d["embedding"] for d in alone_out[0]["data"]], atol=1e-6)
+        assert out[index]["usage"] == alone_out[0]["usage"]
+
+
+def test_a_text_that_breaks_the_tokenizer_fails_its_request_alone(tiny_model_dir, monkeypatch):
+    engine = make_engine(tiny_model_dir)
+    body_ids = engine.tokenizer.body_ids
+
+    def fragile(texts):
+        if any("poison" in text for text in texts):
+            raise RuntimeError("a tokenizer bug")
+        return body_ids(texts)
+
+    monkeypatch.setattr(engine.tokenizer, "body_ids", fragile)
+    responses, out, report = answers(engine, [{"input": SHORT}, {"input": ["poison"]}, {"inputs": "poison"},
+                                              {"input": "the cat"}])
+    assert [r.status for r in responses] == [200, 500, 500, 200]
+    assert out[1]["error"]["code"] == "internal_error" and out[2]["error_type"] == "Backend"
+    assert report.inputs == len(SHORT) + 1

@@ -1,4 +1,5 @@
-"""The shipped Prometheus scrape config and Grafana dashboard refer only to metrics that exist."""
+"""The shipped Prometheus scrape config and Grafana dashboard refer only to metrics that exist, and
+the handler sends each of its series from the first batch that measures it."""
 
 import json
 import re
@@ -39,3 +40,28 @@ def test_scrape_config_targets_the_metrics_address():
     [job] = scrape["scrape_configs"]
     metrics_port = re.search(r"metrics_address=http://127.0.0.1:(\d+)", (REPO / "config.properties").read_text())[1]
     assert job["static_configs"][0]["targets"] == [f"127.0.0.1:{metrics_port}"]
+
+
+def test_a_zero_counter_is_sent_once_so_its_series_exists():
+    from handler.metrics import ALL, BatchReport
+    from handler.ts_handler import _record
+
+    class Metrics:
+        def __init__(self):
+            self.lines = []
+
+        def add_metric(self, name, value, unit, dimensions, metric_type):
+            self.lines.append((name, value, tuple(d.value for d in dimensions)))
+
+    context = type("Context", (), {"metrics": Metrics()})()
+    emitted = set()
+    _record(context, BatchReport(requests=2, statuses={400: 2}, cache_enabled=True), emitted)
+    assert {name for name, _, _ in context.metrics.lines} == {spec.name for spec in ALL}  # zeros included
+    context.metrics.lines.clear()
+    _record(context, BatchReport(requests=1, inputs=1, forward_passes=1, real_tokens=3, padded_tokens=3,
+                                 model_ms=1.0, statuses={200: 1}, cache_enabled=True, cache_misses=1), emitted)
+    sent = {name: value for name, value, _ in context.metrics.lines}
+    assert sent == {"EmbedBatches": 1, "EmbedRequests": 1, "EmbedInputs": 1, "EmbedForwardPasses": 1,
+                    "EmbedRealTokens": 3, "EmbedPaddedTokens": 3, "EmbedModelMs": 1.0, "EmbedBatchSeconds": 0.001,
+                    "EmbedResponses": 1, "EmbedCacheMisses": 1}
+    assert ("EmbedResponses", 1, ("200",)) in context.metrics.lines  # a status' first batch is sent

@@ -81,3 +81,19 @@ def test_l2_normalize_gives_unit_rows():
     vectors = torch.randn(5, 8, dtype=torch.float64) * 10
     norms = l2_normalize(vectors).norm(dim=-1)
     torch.testing.assert_close(norms, torch.ones(5, dtype=torch.float64))
+
+
+def test_pad_right_pads_to_the_multiple_and_marks_the_prompt():
+    from types import SimpleNamespace
+
+    from handler.encoder import Encoder
+
+    encoder = SimpleNamespace(pad_id=3, placement=SimpleNamespace(pad_multiple=4, device=torch.device("cpu")))
+    ids, mask = Encoder._pad(encoder, [[7, 8, 9, 10, 11], (5,), [6, 6]], [2, 4, 0])
+    assert ids.dtype == mask.dtype == torch.long
+    assert ids.tolist() == [[7, 8, 9, 10, 11, 3, 3, 3], [5, 3, 3, 3, 3, 3, 3, 3], [6, 6, 3, 3, 3, 3, 3, 3]]
+    assert mask.tolist() == [[PROMPT, PROMPT, POOLED, POOLED, POOLED, 0, 0, 0],
+                             [PROMPT, 0, 0, 0, 0, 0, 0, 0],  # a prompt longer than its row marks the row only
+                             [POOLED, POOLED, 0, 0, 0, 0, 0, 0]]
+    _, plain = Encoder._pad(encoder, [[7, 8], [5]], None)
+    assert plain.tolist() == [[POOLED, POOLED, 0, 0], [POOLED, 0, 0, 0]]

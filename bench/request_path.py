@@ -1,0 +1,117 @@
+"""The per-request path: the project's handler on a near-free model against a handler that
+computes nothing, in one TorchServe, at the same settings.
+
+    python -m bench.request_path [--seconds 8] [--clients 64] [--out bench/results]
+
+Both models get the default build's TorchServe settings (workers, batch size, delay). The
+closed-loop client sends one short text per request; the tiny random BERT (hidden 32, 2 layers)
+makes the forward pass nearly free, so what is left is the handler's own work per request and
+TorchServe's. The two are measured alternately, REPEATS times each, and the median run of each
+is kept: `ratio` is the handler's requests/s over the no-op handler's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from archive.build import main as build_main
+from archive.ts_config import register_model
+from bench.load import run_load
+from scripts.serverctl import TorchServe, isolated_config
+from tests.tiny_model import WORDS, make_tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+REPEATS = 3
+TINY_DIMENSION = 32
+
+
+def short_texts(count: int = 512, words: int = 8) -> list[str]:
+    """Texts of `words` words of the tiny model's vocabulary (about 10 tokens each)."""
+    return [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(words)) for i in range(count)]
+
+
+def build_noop(config: Path, store: Path, settings: dict) -> None:
+    """Pack bench/noop_handler.py with the same TorchServe settings and register it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model_config = Path(tmp) / "model-config.yaml"
+        model_config.write_text(yaml.safe_dump({**settings, "handler": {"dimension": TINY_DIMENSION}}))
+        archiver = Path(sys.executable).parent / "torch-model-archiver"
+        subprocess.run([str(archiver if archiver.exists() else shutil.which("torch-model-archiver")),
+                        "--model-name", "noop", "--version", "1.0", "--handler", str(REPO / "bench" / "noop_handler.py"),
+                        "--config-file", str(model_config), "--export-path", str(store), "--force"], check=True)
+    register_model(config, "noop", "1.0", {"defaultVersion": True, "marName": "noop.mar", **settings})
+
+
+def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> dict:
+    texts = short_texts()
+    tokens = [len(text.split()) + 2 for text in texts]
+    with tempfile.TemporaryDirectory(prefix="bench-path-") as tmp:
+        root = Path(tmp)
+        config = isolated_config(root, REPO / "config.properties", async_logging="true")
+        model = make_tiny_model(root / "tiny")
+        store = root / "model_store"
+        if build_main(["--model", str(model), "--name", "tiny", "--export-path", str(store), "--config", str(config),
+                       *build_args]) != 0:
+            raise SystemExit("building the tiny archive failed")
+        settings = json.loads((store / "tiny.mar").exists() and _entry(config, "tiny"))
+        build_noop(config, store, settings)
+        server = TorchServe(config, root)
+        server.start()
+        try:
+            server.wait_ready(timeout=600)
+            urls = {name: f"{server.url('inference')}/predictions/{name}" for name in ("tiny", "noop")}
+            for url in urls.values():  # the frontend's JIT and the workers' first batches
+                run_load(url, server.auth(), texts, tokens, concurrency=clients, texts_per_request=1, seconds=3.0)
+            runs: dict[str, list[dict]] = {name: [] for name in urls}
+            for _ in range(REPEATS):
+                for name, url in urls.items():
+                    runs[name].append(run_load(url, server.auth(), texts, tokens, concurrency=clients,
+                                               texts_per_request=1, seconds=seconds).summary())
+                    time.sleep(0.5)
+        finally:
+            server.stop()
+    result = {"settings": settings, "clients": clients}
+    for name, name_runs in runs.items():
+        median = sorted(name_runs, key=lambda r: r["texts_per_s"])[len(name_runs) // 2]
+        result[name] = {"requests_per_s": median["texts_per_s"], "p50_ms": median["p50_ms"],
+                        "p99_ms": median["p99_ms"], "errors": median["errors"],
+                        "runs_requests_per_s": [r["texts_per_s"] for r in name_runs]}
+    result["ratio"] = round(result["tiny"]["requests_per_s"] / result["noop"]["requests_per_s"], 3)
+    return result
+
+
+def _entry(config: Path, name: str) -> str:
+    """The TorchServe settings the build registered for `name`, as JSON."""
+    from archive.ts_config import read_properties
+
+    versions = json.loads(read_properties(config)["models"])[name]
+    entry = next(iter(versions.values()))
+    return json.dumps({key: entry[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
+                                                   "responseTimeout", "startupTimeout")})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.request_path", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=None, help="write request_path.json here")
+    args = parser.parse_args(argv)
+    result = measure(args.seconds, args.clients)
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "request_path.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

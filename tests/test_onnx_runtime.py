@@ -1,0 +1,171 @@
+"""The CPU engine: the build's ONNX export run by ONNX Runtime, against the torch engine and
+sentence-transformers, its selection, its thread sessions and its failure paths."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import archive.onnx_export as onnx_export
+from handler.encoder import resolve_placement
+from handler.engine import RawRequest
+from handler.onnx_runtime import ONNX_FILE, OnnxTransformer, is_out_of_memory
+from handler.settings import Settings, SettingsError
+from tests.conftest import PROMPTS, REPO, make_engine
+from tests.test_engine import TEXTS
+
+
+def embeddings(engine, body):
+    [response] = engine.handle([RawRequest(json.dumps(body).encode())])
+    assert response.status == 200, response.body
+    return np.array([row["embedding"] for row in json.loads(response.body)["data"]])
+
+
+def test_a_build_export_is_served_by_onnx_runtime_and_matches_torch(onnx_model_dir, tiny_model_dir):
+    served = make_engine(onnx_model_dir)
+    assert served.info()["engine"] == "onnxruntime" and served.encoder.model is None
+    torch_engine = make_engine(tiny_model_dir)
+    assert torch_engine.info()["engine"] == "torch"
+    texts = [*TEXTS, "a", "hello " * 60]  # one input over max_length: truncated alike
+    for body in ({"input": texts}, {"input": texts, "prompt_name": "query"}, {"input": texts, "dimensions": 8}):
+        ours, reference = embeddings(served, body), embeddings(torch_engine, body)
+        cosine = (ours * reference).sum(axis=1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
+        assert cosine.min() >= 0.99999, body
+
+
+def test_onnx_runtime_matches_sentence_transformers(onnx_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(onnx_model_dir), device="cpu")
+    texts = [*TEXTS, "a"]
+    ours = embeddings(make_engine(onnx_model_dir), {"input": texts})
+    expected = reference.encode(texts, normalize_embeddings=True)
+    assert (ours * expected).sum(axis=1).min() >= 0.9999
+    query = embeddings(make_engine(onnx_model_dir), {"input": texts, "prompt_name": "query"})
+    expected = reference.encode(texts, prompt=PROMPTS["query"], normalize_embeddings=True)
+    assert (query * expected).sum(axis=1).min() >= 0.9999
+
+
+def test_the_engine_is_chosen_by_device_dtype_and_files(onnx_model_dir, tiny_model_dir):
+    def engine(settings, model_dir=onnx_model_dir, cuda=False):
+        return resolve_placement(Settings(**settings), gpu_id=0 if cuda else None, workers=1, cuda_available=cuda,
+                                 model_dir=model_dir).engine
+
+    assert engine({}) == "onnxruntime"
+    assert engine({}, model_dir=tiny_model_dir) == "torch"  # no export in the archive
+    assert engine({}, model_dir=None) == "torch"
+    assert engine({"engine": "torch"}) == "torch"
+    assert engine({}, cuda=True) == "torch"  # PyTorch stays the GPU engine
+    assert engine({"dtype": "int8"}) == "torch"
+    assert engine({"dtype": "bfloat16"}) == "torch"
+    assert engine({"compile": True}) == "torch"
+    assert engine({"engine": "onnxruntime"}) == "onnxruntime"
+    with pytest.raises(ValueError, match="'engine': onnxruntime needs the build's transformer.onnx"):
+        engine({"engine": "onnxruntime"}, model_dir=tiny_model_dir)
+    with pytest.raises(ValueError, match="'engine': onnxruntime runs float32 on a CPU"):
+        engine({"engine": "onnxruntime", "dtype": "int8"})
+    with pytest.raises(SettingsError, match="'engine'"):
+        Settings.from_mapping({"engine": "tensorrt"})
+
+
+def test_one_session_per_thread_count_follows_torch_threads(onnx_model_dir):
+    transformer = OnnxTransformer(onnx_model_dir / ONNX_FILE, threads=1, lend_threads=2)
+    assert sorted(transformer.sessions) == [1, 2]
+    ids = torch.randint(5, 60, (3, 12))
+    mask = torch.ones_like(ids)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 4):  # 4: more than any session has, so the widest one runs
+            torch.set_num_threads(threads)
+            results.append(transformer(ids, mask))
+    finally:
+        torch.set_num_threads(before)
+    for result in results[1:]:
+        torch.testing.assert_close(result, results[0], atol=1e-5, rtol=0)
+
+
+def test_a_failed_or_mismatched_export_leaves_torch_serving(tiny_model_dir, tmp_path, monkeypatch):
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+
+    def broken_export(*args, **kwargs):
+        raise RuntimeError("unsupported operator")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(onnx_export.torch.onnx, "export", broken_export)
+        outcome = onnx_export.export_onnx(model_dir, max_positions=64)
+    assert outcome.startswith("not exported (RuntimeError: unsupported operator)")
+    assert not (model_dir / ONNX_FILE).exists()
+
+    monkeypatch.setattr(onnx_export, "MAX_ABS_DIFFERENCE", -1.0)  # any difference is too much
+    outcome = onnx_export.export_onnx(model_dir, max_positions=64)
+    assert outcome.startswith("not used: its hidden states differ from torch")
+    assert not (model_dir / ONNX_FILE).exists()
+    assert make_engine(model_dir).info()["engine"] == "torch"
+
+
+def test_onnx_runtime_s_own_out_of_memory_is_split(tmp_path, onnx_model_dir):
+    """A real allocation failure in ONNX Runtime (std::bad_alloc under a capped address space), not
+    an injected one: the pass is split and retried, and the answer equals the uncapped one."""
+    script = tmp_path / "oom.py"
+    script.write_text(ONNX_OOM_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), str(onnx_model_dir)], capture_output=True, text=True,
+                            timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["engine"] == "onnxruntime"
+    error = outcome["transformer_error"]  # raised inside ONNX Runtime (its arena, or operator new), not torch
+    assert "RUNTIME_EXCEPTION" in error and ("Failed to allocate memory" in error or "std::bad_alloc" in error)
+    assert outcome["status"] == 200 and outcome["passes"] > 1 and outcome["max_abs_diff"] < 1e-5
+
+
+def test_only_onnx_runtime_allocation_failures_count_as_out_of_memory():
+    class RuntimeException(Exception):  # the name onnxruntime's bindings give their errors
+        pass
+
+    assert is_out_of_memory(RuntimeException("Non-zero status code ... Status Message: std::bad_alloc"))
+    assert is_out_of_memory(RuntimeException("Failed to allocate memory for requested buffer of size 123"))
+    assert not is_out_of_memory(RuntimeException("Invalid input name: token_type_ids"))
+    assert not is_out_of_memory(ValueError("std::bad_alloc"))
+
+
+ONNX_OOM_SCRIPT = """
+import json, resource, sys
+import numpy as np
+from tests.conftest import make_engine
+from handler.engine import RawRequest
+
+engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
+# 1024 inputs cut to the 48-token limit: one pass of 1024 x 48 tokens, ~40 MB of attention scores.
+texts = [str(i) + " the cat sat on the mat with a hat and a bat" * 6 for i in range(1024)]
+body = json.dumps({"input": texts}).encode()
+# The reference in small requests: ONNX Runtime's memory arena keeps what a pass took, so the
+# whole request must not run before the cap.
+expected = np.concatenate([[d["embedding"] for d in json.loads(
+    engine.handle([RawRequest(json.dumps({"input": texts[i : i + 32]}).encode())])[0].body)["data"]]
+    for i in range(0, len(texts), 32)])
+with open("/proc/self/status") as status:
+    used = next(int(line.split()[1]) for line in status if line.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (used + (48 << 20), resource.RLIM_INFINITY))
+errors = []
+transformer = engine.encoder.transformer
+def observed(ids, mask):  # records what the real session raises; changes nothing
+    try:
+        return transformer(ids, mask)
+    except Exception as err:
+        errors.append(str(err)[:300])
+        raise
+engine.encoder.transformer = observed
+responses, report = engine.handle_with_report([RawRequest(body)])
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # to read the answer
+got = np.array([d["embedding"] for d in json.loads(responses[0].body)["data"]]) if responses[0].status == 200 else None
+print(json.dumps({"engine": engine.info()["engine"], "status": responses[0].status, "passes": report.forward_passes,
+                  "transformer_error": errors[0] if errors else "",
+                  "max_abs_diff": float(np.abs(got - expected).max()) if got is not None else None}))
+"""
