@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=0, help="tokens per input (0: the model's limit)")
     p.add_argument("--no-normalize", action="store_true", help="return unnormalized embeddings")
     p.add_argument("--batch-size", type=int, default=32, help="requests per TorchServe batch")
-    p.add_argument("--max-batch-delay", type=int, default=10, help="ms TorchServe waits to fill a batch")
+    p.add_argument("--max-batch-delay", type=int, default=1,
+                   help="ms TorchServe waits to fill a batch (>= 1; under load batches fill without waiting)")
     p.add_argument("--workers", type=int, default=0, help="workers per model (0: 1 on GPU, else up to 2)")
     p.add_argument("--response-timeout", type=int, default=120, help="s per batch before a worker restarts")
     p.add_argument("--startup-timeout", type=int, default=300, help="s a worker may take to start")
@@ -171,9 +172,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
     for option in ("batch_size", "response_timeout", "startup_timeout"):
         if getattr(args, option) < 1:
             raise BuildError(f"--{option.replace('_', '-')} must be >= 1")
-    for option in ("max_batch_delay", "workers", "max_length"):
+    for option in ("workers", "max_length"):
         if getattr(args, option) < 0:
             raise BuildError(f"--{option.replace('_', '-')} must be >= 0")
+    if args.max_batch_delay < 1:
+        raise BuildError("--max-batch-delay must be >= 1: TorchServe reads an archive's 0 as unset and then waits "
+                         "its own default of 100 ms for every batch")
 
 
 def resolve_source(args: argparse.Namespace) -> Path:

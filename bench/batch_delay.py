@@ -6,9 +6,10 @@ request, in one run.
 
 TorchServe's batch aggregator (frontend wlm/Model.pollBatch) blocks for a batch's first
 request, then polls the queue for up to `batchSize - 1` more, each poll waiting what is left of
-`maxBatchDelay`: a lone request always waits the whole delay. With a delay of 0 a batch is
-whatever is queued when a worker asks, so batches still fill whenever the workers are busy,
-which is exactly when batching pays.
+`maxBatchDelay`: a lone request always waits the whole delay. With a delay of 1 ms a batch is
+about what is queued when a worker asks, so batches still fill whenever the workers are busy,
+which is exactly when batching pays. (0 is not a usable value: TorchServe reads an archive's 0
+as "not set" and falls back to config.properties, else to its own default of 100 ms.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from archive.build import main as build_main
 from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from archive.default_model import fetch_default_model
-from archive.ts_config import read_properties, register_model
+from archive.ts_config import read_properties
 from bench.load import run_load
 from scripts.serverctl import TorchServe, isolated_config
 
@@ -38,12 +39,13 @@ def sweep(delays: list[int], seconds: float, corpora: dict[str, list[str]], toke
     with tempfile.TemporaryDirectory(prefix="bench-delay-") as tmp:
         root = Path(tmp)
         config = isolated_config(root, REPO / "config.properties", async_logging="true")
-        if build_main(["--export-path", str(root / "model_store"), "--config", str(config), *build_args]) != 0:
-            raise SystemExit("building the default archive failed")
-        name, versions = next(iter(json.loads(read_properties(config)["models"]).items()))
-        version, entry = next(iter(versions.items()))
         for delay in delays:
-            register_model(config, name, version, {**entry, "maxBatchDelay": delay})
+            # A build per delay: TorchServe takes maxBatchDelay from the archive's model-config.yaml
+            # (config.properties only where the archive's is 0), so only the archive can set it.
+            if build_main(["--export-path", str(root / "model_store"), "--config", str(config),
+                           "--max-batch-delay", str(delay), "--skip-check", *build_args]) != 0:
+                raise SystemExit("building the default archive failed")
+            name = next(iter(json.loads(read_properties(config)["models"])))
             server = TorchServe(config, root)
             server.start()
             try:
@@ -74,7 +76,7 @@ def default_corpora(count: int = 2048) -> tuple[dict[str, list[str]], dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.batch_delay", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--delays", type=int, nargs="+", default=[0, 2, 10])
+    parser.add_argument("--delays", type=int, nargs="+", default=[1, 4, 10])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--out", type=Path, default=None, help="write batch_delay.json here")
     args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from archive.build import main as build_main
-from archive.ts_config import register_model
+from archive.ts_config import read_properties, register_model
 from bench.load import run_load
 from scripts.serverctl import TorchServe, isolated_config
 from tests.tiny_model import WORDS, make_tiny_model
@@ -62,7 +62,7 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
         if build_main(["--model", str(model), "--name", "tiny", "--export-path", str(store), "--config", str(config),
                        *build_args]) != 0:
             raise SystemExit("building the tiny archive failed")
-        settings = json.loads((store / "tiny.mar").exists() and _entry(config, "tiny"))
+        settings = _entry(config, "tiny")
         build_noop(config, store, settings)
         server = TorchServe(config, root)
         server.start()
@@ -89,14 +89,12 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
     return result
 
 
-def _entry(config: Path, name: str) -> str:
-    """The TorchServe settings the build registered for `name`, as JSON."""
-    from archive.ts_config import read_properties
-
+def _entry(config: Path, name: str) -> dict:
+    """The TorchServe settings the build registered for `name`."""
     versions = json.loads(read_properties(config)["models"])[name]
     entry = next(iter(versions.values()))
-    return json.dumps({key: entry[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
-                                                   "responseTimeout", "startupTimeout")})
+    return {key: entry[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout",
+                                        "startupTimeout")}
 
 
 def main(argv: list[str] | None = None) -> int:

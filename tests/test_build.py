@@ -134,6 +134,8 @@ def test_module_path_escaping_the_folder_is_refused(tmp_path, config, capsys):
         (["--pooling", "median"], "'pooling'"),
         (["--batch-size", "0"], "--batch-size"),
         (["--name", "bad name!"], "--name"),
+        (["--max-batch-delay", "0"], "--max-batch-delay must be >= 1: TorchServe reads an archive's 0 as unset"),
+        (["--set", "engine=tensorrt"], "'engine'"),
     ],
 )
 def test_bad_options_fail_the_build_with_their_name(tiny_model_dir, config, capsys, args, message):
