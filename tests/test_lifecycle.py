@@ -98,7 +98,9 @@ def test_stop_answers_the_requests_it_accepted(tmp_path, tiny_model_dir, drain_s
         def one(i):
             started = time.monotonic()
             try:
-                status = requests.post(url, json={"input": [f"request {i} " + "embedding " * 40] * 32},
+                # 512 texts at the 48-token limit: about 1.2M tokens in all, seconds of work, so
+                # that a stop after 0.5 s finds requests still queued however fast the engine.
+                status = requests.post(url, json={"input": [f"request {i} " + "embedding " * 40] * 512},
                                        headers=headers, timeout=60).status_code
             except requests.RequestException as err:
                 status = type(err).__name__
