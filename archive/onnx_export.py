@@ -22,8 +22,6 @@ import torch
 
 from handler.onnx_runtime import ONNX_FILE, OnnxTransformer
 
-log = logging.getLogger(__name__)
-
 # The largest difference of a hidden state (any token, any unit) to torch that is accepted.
 MAX_ABS_DIFFERENCE = 1e-3
 

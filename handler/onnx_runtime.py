@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import torch
 
 ONNX_FILE = "transformer.onnx"
@@ -25,23 +26,20 @@ class OnnxTransformer:
     """(batch, sequence) ids and attention mask in, (batch, sequence, hidden) float32 states out."""
 
     def __init__(self, path: Path, threads: int, lend_threads: int = 0):
-        import onnxruntime
-
-        self._onnxruntime = onnxruntime
         self.path = Path(path)
         # Own threads always; all the CPUs a worker may borrow, when lending is on.
         self.sessions = {count: self._session(count) for count in sorted({threads, lend_threads} - {0})}
 
     def _session(self, threads: int):
-        options = self._onnxruntime.SessionOptions()
+        options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         # Threads sleep between passes instead of spinning: the other worker, the frontend and
         # the tokenizer need those cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.graph_optimization_level = self._onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        return self._onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         threads = torch.get_num_threads()

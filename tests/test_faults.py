@@ -97,14 +97,20 @@ def test_another_forward_failure_fails_only_the_request_that_causes_it(tiny_mode
 def test_the_cpu_allocator_s_own_out_of_memory_is_split(tmp_path, tiny_model_dir):
     """A real allocation failure, not an injected one: in a child process whose address space is
     capped just above what single inputs need, a wide pass fails in PyTorch's CPU allocator."""
-    script = tmp_path / "oom.py"
-    script.write_text(CPU_OOM_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], capture_output=True, text=True,
-                            timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, result.stdout + result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = run_child(tmp_path, CPU_OOM_SCRIPT, tiny_model_dir)
     assert outcome["allocator_error"] and "DefaultCPUAllocator" in outcome["allocator_error"]
     assert outcome["status"] == 200 and outcome["passes"] > 1 and outcome["max_abs_diff"] < 1e-5
+
+
+def run_child(tmp_path, script: str, model_dir) -> dict:
+    """Run `script` with `model_dir` in a child Python (whose limits it may cap) and return the
+    JSON object its last output line holds."""
+    path = tmp_path / "child.py"
+    path.write_text(script)
+    result = subprocess.run([sys.executable, str(path), str(model_dir)], capture_output=True, text=True,
+                            timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 CPU_OOM_SCRIPT = """

@@ -2,10 +2,7 @@
 sentence-transformers, its selection, its thread sessions and its failure paths."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,8 +13,9 @@ from handler.encoder import resolve_placement
 from handler.engine import RawRequest
 from handler.onnx_runtime import ONNX_FILE, OnnxTransformer, is_out_of_memory
 from handler.settings import Settings, SettingsError
-from tests.conftest import PROMPTS, REPO, make_engine
+from tests.conftest import PROMPTS, make_engine
 from tests.test_engine import TEXTS
+from tests.test_faults import run_child
 
 
 def embeddings(engine, body):
@@ -113,12 +111,7 @@ def test_a_failed_or_mismatched_export_leaves_torch_serving(tiny_model_dir, tmp_
 def test_onnx_runtime_s_own_out_of_memory_is_split(tmp_path, onnx_model_dir):
     """A real allocation failure in ONNX Runtime (std::bad_alloc under a capped address space), not
     an injected one: the pass is split and retried, and the answer equals the uncapped one."""
-    script = tmp_path / "oom.py"
-    script.write_text(ONNX_OOM_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), str(onnx_model_dir)], capture_output=True, text=True,
-                            timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert result.returncode == 0, result.stdout + result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = run_child(tmp_path, ONNX_OOM_SCRIPT, onnx_model_dir)
     assert outcome["engine"] == "onnxruntime"
     error = outcome["transformer_error"]  # raised inside ONNX Runtime (its arena, or operator new), not torch
     assert "RUNTIME_EXCEPTION" in error and ("Failed to allocate memory" in error or "std::bad_alloc" in error)
