@@ -105,8 +105,15 @@ def test_workers_scale_under_load_and_only_the_removed_worker_s_batch_fails(serv
     try:
         time.sleep(2)
         for count in (1, 2):
-            response = requests.put(f"{url}?min_worker={count}&max_worker={count}&synchronous=true",
-                                    headers=server.auth("management"), timeout=300)
+            # TorchServe 0.12's management API sometimes answers a scale request under load with
+            # 500 ConcurrentModificationException (a race in its own frontend, seen once in three
+            # fresh-clone runs); the same request again succeeds. Only that answer is retried.
+            for _ in range(3):
+                response = requests.put(f"{url}?min_worker={count}&max_worker={count}&synchronous=true",
+                                        headers=server.auth("management"), timeout=300)
+                if not (response.status_code == 500 and "ConcurrentModificationException" in response.text):
+                    break
+                time.sleep(1)
             assert response.status_code == 200, response.text
             assert len(workers(server)) == count
             time.sleep(3)
