@@ -34,6 +34,7 @@ from archive.onnx_export import export_onnx
 from archive.ts_config import read_properties, register_model, update_properties
 from handler.codec import max_answer_bytes
 from handler.model_files import describe_model
+from handler.onnx_runtime import ONNX_FILE
 from handler.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,13 +114,14 @@ def build(args: argparse.Namespace) -> Path:
         frontend = frontend_limits(config["handler"], dimension, args.name)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if args.dtype == "int8":
-            from archive.int8_calibration import calibrate
+            from archive.int8_calibration import calibrate, calibrate_onnx
 
-            calibration = calibrate(stage / "model", config["handler"])
-            config["handler"]["int8_fp32_layers"] = calibration.keep_fp32
-            print(f"int8: {calibration.quantized_layers} Linear layers quantized, {len(calibration.keep_fp32)} kept "
-                  f"in float32; calibration cosine to fp32: mean {calibration.mean_cosine}, "
-                  f"min {calibration.min_cosine}", file=sys.stderr)
+            if (stage / "model" / ONNX_FILE).is_file():
+                calibration = calibrate_onnx(stage / "model", config["handler"])
+            else:
+                calibration = calibrate(stage / "model", config["handler"])
+                config["handler"]["int8_fp32_layers"] = calibration.keep_fp32
+            print(calibration.summary(), file=sys.stderr)
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         if not args.skip_check:
@@ -230,9 +232,9 @@ def weights_revision(model_dir: Path) -> str:
 
 
 def serves_onnx(handler: dict) -> bool:
-    """Whether a worker of this build may run ONNX Runtime: float32 on a CPU (or auto), not compiled."""
+    """Whether a worker of this build may run ONNX Runtime: float32 or int8 on a CPU (or auto), not compiled."""
     return (handler.get("engine", "auto") != "torch" and handler["device"] in ("auto", "cpu")
-            and handler["dtype"] in ("auto", "float32") and not handler.get("compile"))
+            and handler["dtype"] in ("auto", "float32", "int8") and not handler.get("compile"))
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:

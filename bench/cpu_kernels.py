@@ -3,9 +3,9 @@ engine (handler/onnx_runtime.py).
 
 For each engine: the median time of a pass at a few (batch, length) shapes, and the cosine of
 the served vectors (pooled, normalized) to sentence-transformers on the given texts. Engines:
-PyTorch eager and torch.compile in float32, ONNX Runtime on the build's export, PyTorch's
-calibrated dynamic int8 (`--dtype int8`), and ONNX Runtime's own dynamic int8 quantization
-(per-channel weights, every MatMul) of the same export.
+PyTorch eager and torch.compile in float32, ONNX Runtime on the build's export, and the two
+calibrated dynamic int8 quantizations `--dtype int8` may build (archive/int8_calibration.py):
+ONNX Runtime's of the same export, which the build ships, and PyTorch's (`--set engine=torch`).
 """
 
 from __future__ import annotations
@@ -19,35 +19,28 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from archive.onnx_export import export_onnx, trace_to_onnx
+from archive.int8_calibration import Calibration, calibrate_onnx
+from archive.onnx_export import export_onnx
 from bench.inprocess import bench_engine, cosine_stats, load_engine
-from handler.onnx_runtime import ONNX_FILE
+from handler.model_files import describe_model
 
 SHAPES = ((1, 16), (1, 64), (1, 256), (16, 64))
 
 
-def exported_copy(model_dir: Path, root: Path) -> Path:
+def exported_copy(model_dir: Path, root: Path, name: str = "exported") -> Path:
     """The model with the build's ONNX export beside it, as an archive holds it."""
-    target = root / "exported"
+    target = root / name
     shutil.copytree(model_dir, target)
-    outcome = export_onnx(target, max_positions=512)
+    outcome = export_onnx(target, describe_model(target).usable_positions)
     if not outcome.startswith("exported"):
         raise RuntimeError(f"the ONNX export failed: {outcome}")
     return target
 
 
-def onnx_int8_copy(model_dir: Path, root: Path) -> Path:
-    """The model with ONNX Runtime's dynamic int8 quantization of the plain export."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import AutoModel
-
-    target = root / "onnx-int8"
-    shutil.copytree(model_dir, target)
-    raw = root / "raw.onnx"
-    trace_to_onnx(AutoModel.from_pretrained(model_dir, attn_implementation="eager").eval(), raw)
-    quantize_dynamic(str(raw), str(target / ONNX_FILE), weight_type=QuantType.QInt8, per_channel=True,
-                     op_types_to_quantize=["MatMul"])
-    return target
+def int8_copy(model_dir: Path, root: Path) -> tuple[Path, Calibration]:
+    """The model as `build_mar.sh --dtype int8` ships it: ONNX Runtime's calibrated int8 export."""
+    target = exported_copy(model_dir, root, "int8")
+    return target, calibrate_onnx(target, {})
 
 
 def pass_ms(engine, batch: int, length: int, repeats: int) -> float:
@@ -64,7 +57,7 @@ def pass_ms(engine, batch: int, length: int, repeats: int) -> float:
 
 
 def compare_engines(model_dir: Path, texts: Sequence[str], reference: np.ndarray, threads: int,
-                    int8_fp32_layers: Sequence[str]) -> dict:
+                    torch_int8_fp32_layers: Sequence[str], onnx_int8_dir: Path) -> dict:
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-kernels-") as tmp:
         root = Path(tmp)
@@ -73,8 +66,8 @@ def compare_engines(model_dir: Path, texts: Sequence[str], reference: np.ndarray
             "torch.compile fp32": (model_dir, {"engine": "torch", "compile": True}),
             "onnxruntime fp32": (exported_copy(model_dir, root), {"engine": "onnxruntime"}),
             "torch int8 (calibrated)": (model_dir, {"engine": "torch", "dtype": "int8",
-                                                   "int8_fp32_layers": list(int8_fp32_layers)}),
-            "onnxruntime int8 (dynamic)": (onnx_int8_copy(model_dir, root), {"engine": "onnxruntime"}),
+                                                   "int8_fp32_layers": list(torch_int8_fp32_layers)}),
+            "onnxruntime int8 (calibrated)": (onnx_int8_dir, {"engine": "onnxruntime", "dtype": "int8"}),
         }
         for name, (folder, settings) in candidates.items():
             started = time.perf_counter()

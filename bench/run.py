@@ -37,7 +37,7 @@ from archive.default_model import fetch_default_model
 from archive.int8_calibration import calibrate
 from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from bench import batch_delay, request_path
-from bench.cpu_kernels import compare_engines, exported_copy
+from bench.cpu_kernels import compare_engines, exported_copy, int8_copy
 from bench.inprocess import (
     bench_engine, bench_planner, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine,
     matmul_gflops,
@@ -79,9 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in-process, {threads} threads, {args.corpus_size} texts per corpus ...", file=sys.stderr)
     scratch = tempfile.TemporaryDirectory(prefix="bench-model-")
     fp32 = load_engine(exported_copy(model_dir, Path(scratch.name)), threads)  # as served: ONNX Runtime
-    calibration = calibrate(model_dir, {})  # what `build_mar.sh --dtype int8` records in the archive
-    results["int8_calibration"] = {"kept_fp32": calibration.keep_fp32, "quantized": calibration.quantized_layers}
-    int8 = load_engine(model_dir, threads, dtype="int8", int8_fp32_layers=calibration.keep_fp32)
+    # What `build_mar.sh --dtype int8` ships (ONNX Runtime), and builds with --set engine=torch.
+    int8_dir, calibration = int8_copy(model_dir, Path(scratch.name))
+    torch_calibration = calibrate(model_dir, {})
+    results["int8_calibration"] = {done.engine: {"kept_fp32": done.keep_fp32, "quantized": done.quantized}
+                                   for done in (calibration, torch_calibration)}
+    int8 = load_engine(int8_dir, threads, dtype="int8")
     references = {}
     for name, texts in corpora.items():
         sample = texts[: args.corpus_size]
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("CPU kernels ...", file=sys.stderr)
     results["cpu_kernels"] = compare_engines(model_dir, corpora["mixed"][:256], references["mixed"][:256], threads,
-                                             calibration.keep_fp32)
+                                             torch_calibration.keep_fp32, int8_dir)
     gflops = matmul_gflops(threads)
     per_text = flops_per_token(load_engine(model_dir, threads), FIXED_LENGTH) * FIXED_LENGTH  # torch
     results["matmul"] = {"gflops": round(gflops, 1), "mflop_per_token": round(per_text / FIXED_LENGTH / 1e6, 2),

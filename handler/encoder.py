@@ -33,7 +33,7 @@ from handler.cpu_lending import CpuLending
 from handler.cuda_graphs import Bucket, GraphRunner, ladder
 from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
-from handler.onnx_runtime import ONNX_FILE, OnnxTransformer
+from handler.onnx_runtime import OnnxTransformer, onnx_file
 from handler.onnx_runtime import is_out_of_memory as _onnx_out_of_memory
 from handler.pooling import PROMPT, pool
 from handler.settings import Settings
@@ -71,13 +71,17 @@ class Placement:
     pad_multiple: int
     # CPUs among which this worker may borrow idle ones for small passes; 0: no lending.
     lend_cpus: int = 0
-    # Under int8: the Linear layers kept in float32 (the rest are quantized). None: no int8.
+    # Under int8: the Linear layers torch keeps in float32 (the rest are quantized). None: no int8.
     int8_fp32_layers: tuple[str, ...] | None = None
     # CUDA graph buckets to capture, largest first (empty: eager only), and their memory cap.
     cuda_graph_buckets: tuple[Bucket, ...] = ()
     cuda_graph_max_bytes: int = 0
     compile: bool = False
-    engine: str = "torch"  # or "onnxruntime" (CPU, float32)
+    engine: str = "torch"  # or "onnxruntime" (CPU, float32 or int8)
+
+    @property
+    def int8(self) -> bool:
+        return self.int8_fp32_layers is not None
 
 
 def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda_available: bool,
@@ -123,14 +127,14 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
 
 
 def _resolve_engine(settings: Settings, on_gpu: bool, dtype: torch.dtype, int8: bool, model_dir: Path | None) -> str:
-    exported = model_dir is not None and (Path(model_dir) / ONNX_FILE).is_file()
-    onnx_fits = not on_gpu and dtype == torch.float32 and not int8 and not settings.compile
+    exported = model_dir is not None and (Path(model_dir) / onnx_file(int8)).is_file()
+    onnx_fits = not on_gpu and dtype == torch.float32 and not settings.compile  # int8 loads float32
     if settings.engine == "onnxruntime":
         if not onnx_fits:
-            raise ValueError("handler setting 'engine': onnxruntime runs float32 on a CPU (no int8, no compile)")
+            raise ValueError("handler setting 'engine': onnxruntime runs float32 or int8 on a CPU (no compile)")
         if not exported:
-            raise ValueError(f"handler setting 'engine': onnxruntime needs the build's {ONNX_FILE}, which the "
-                             "archive does not hold (rebuild it with --set engine=auto)")
+            raise ValueError(f"handler setting 'engine': onnxruntime needs the build's {onnx_file(int8)}, which "
+                             "the archive does not hold (rebuild it with --set engine=auto)")
     if settings.engine == "torch":
         return "torch"
     return "onnxruntime" if onnx_fits and exported else "torch"
@@ -228,7 +232,7 @@ class Encoder:
         # ids and attention mask -> (batch, seq, hidden) states.
         self.model: torch.nn.Module | None = None
         if placement.engine == "onnxruntime":
-            self.transformer = OnnxTransformer(self.model_dir / ONNX_FILE, placement.cpu_threads or 1,
+            self.transformer = OnnxTransformer(self.model_dir / onnx_file(placement.int8), placement.cpu_threads or 1,
                                                lend_threads=placement.lend_cpus)
         else:
             self.model = self._load_model()
@@ -251,7 +255,7 @@ class Encoder:
             log.warning("SDPA attention unavailable (%s); using eager attention", err)
             model = AutoModel.from_pretrained(self.model_dir, **kwargs)
         model = model.to(self.placement.device).eval()
-        if self.placement.int8_fp32_layers is not None:
+        if self.placement.int8:
             model = quantize_int8(model, keep_fp32=self.placement.int8_fp32_layers)
         if self.placement.compile:
             model = torch.compile(model, dynamic=True)

@@ -125,7 +125,7 @@ class EmbeddingEngine:
         default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
         # Everything that changes a vector for the same token ids: weights (the revision hashes
         # the pipeline modules' too), how they run, and the pipeline after the transformer.
-        dtype = "int8:" + ",".join(placement.int8_fp32_layers) if placement.int8_fp32_layers is not None \
+        dtype = f"int8:{placement.engine}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
             else f"{placement.dtype}:{placement.engine}"
         cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
                            identity=f"{settings.revision}|{dtype}|{'/'.join(description.modules)}")
@@ -175,7 +175,7 @@ class EmbeddingEngine:
             "revision": self.settings.revision or None,
             "served_model_name": self.model_name,
             "model_type": "embedding",
-            "model_dtype": "int8" if placement.int8_fp32_layers is not None else str(placement.dtype).removeprefix("torch."),
+            "model_dtype": "int8" if placement.int8 else str(placement.dtype).removeprefix("torch."),
             "device": str(placement.device),
             "engine": placement.engine,
             "embedding_dimension": self.encoder.dimension,

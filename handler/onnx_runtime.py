@@ -20,6 +20,13 @@ import onnxruntime
 import torch
 
 ONNX_FILE = "transformer.onnx"
+# The same graph with ONNX Runtime's dynamic int8 quantization, calibrated by the build
+# (archive/int8_calibration.py).
+INT8_ONNX_FILE = "transformer.int8.onnx"
+
+
+def onnx_file(int8: bool) -> str:
+    return INT8_ONNX_FILE if int8 else ONNX_FILE
 
 
 class OnnxTransformer:

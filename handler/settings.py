@@ -33,14 +33,15 @@ class Settings:
     # "auto": the GPU TorchServe assigned to this worker when CUDA is available, else CPU.
     device: str = "auto"
     # "auto": float16 on CUDA, float32 on CPU. "int8" (CPU only): dynamic int8 quantization of
-    # the Linear layers, except those listed in int8_fp32_layers.
+    # the matrix multiplications, calibrated at build time: ONNX Runtime's on the build's
+    # transformer.int8.onnx, else torch's, of every Linear but those in int8_fp32_layers.
     dtype: str = "auto"
-    # Linear layers kept in float32 under int8, chosen by the build's calibration (the ones
-    # whose quantization costs the most accuracy).
+    # Under torch int8: the Linear layers kept in float32, chosen by the build's calibration (the
+    # ones whose quantization costs the most accuracy).
     int8_fp32_layers: tuple[str, ...] = ()
-    # What runs the transformer. "auto": ONNX Runtime for float32 on a CPU where the archive holds
-    # the build's export (transformer.onnx), else PyTorch. "torch" always; "onnxruntime" requires
-    # the export, a CPU and float32 (handler/onnx_runtime.py).
+    # What runs the transformer. "auto": ONNX Runtime on a CPU, for float32 or int8, where the
+    # archive holds the build's export (transformer.onnx, transformer.int8.onnx), else PyTorch.
+    # "torch" always; "onnxruntime" requires the export and a CPU (handler/onnx_runtime.py).
     engine: str = "auto"
     # "auto": read from the model's sentence-transformers files, else mean; or one of
     # POOLING_MODES, which replaces the modes of the model's own Pooling module.

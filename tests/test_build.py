@@ -15,7 +15,9 @@ from archive.build import main as build_main
 from archive.build import pickled_members
 from archive.default_model import SHA256, _mismatches
 from archive.ts_config import read_properties
+from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE
 from tests.conftest import REPO, make_engine
+from tests.test_engine import TEXTS
 from tests.tiny_model import make_tiny_model
 
 
@@ -181,15 +183,34 @@ def test_default_model_hash_check_detects_tampering(tmp_path):
     assert sorted(_mismatches(tmp_path)) == sorted(SHA256)
 
 
-def test_int8_build_records_its_calibration(tiny_model_dir, config, tmp_path):
+def test_int8_build_ships_onnx_runtime_s_calibrated_quantization(tiny_model_dir, config, tmp_path, capsys):
     assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny8", "--dtype", "int8") == 0
     with zipfile.ZipFile(config.parent / "store" / "tiny8.mar") as archive:
         handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
+        archive.extractall(tmp_path / "unpacked", [name for name in archive.namelist() if name.startswith("model/")])
+    assert "int8 (onnxruntime):" in capsys.readouterr().err
+    model_dir = tmp_path / "unpacked" / "model"
+    assert (model_dir / INT8_ONNX_FILE).is_file() and not (model_dir / ONNX_FILE).exists()  # only what is served
+    assert handler["dtype"] == "int8" and not handler.get("int8_fp32_layers")
+    engine = make_engine(model_dir, **handler | {"cpu_threads": 1, "device": "cpu"})
+    assert engine.info()["model_dtype"] == "int8" and engine.info()["engine"] == "onnxruntime"
+    fp32 = make_engine(tiny_model_dir)
+    ids = fp32.token_ids(TEXTS)
+    cosine = torch.nn.functional.cosine_similarity(engine.encoder.embed(ids).vectors, fp32.encoder.embed(ids).vectors)
+    assert cosine.mean() >= 0.99 and cosine.min() >= 0.97
+
+
+def test_int8_build_on_torch_records_its_kept_layers(tiny_model_dir, config):
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny8t", "--dtype", "int8",
+                     "--set", "engine=torch") == 0
+    with zipfile.ZipFile(config.parent / "store" / "tiny8t.mar") as archive:
+        handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
+        assert not any(name.endswith(".onnx") for name in archive.namelist())
     assert handler["dtype"] == "int8"
     kept = handler["int8_fp32_layers"]
     assert isinstance(kept, list) and all(name.startswith("encoder.layer.") for name in kept)
     engine = make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=kept)
-    assert engine.info()["model_dtype"] == "int8"
+    assert engine.info()["model_dtype"] == "int8" and engine.info()["engine"] == "torch"
 
 
 def test_build_reports_the_pipeline_and_ships_module_weights(tmp_path, config, capsys):

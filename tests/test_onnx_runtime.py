@@ -11,7 +11,7 @@ import torch
 import archive.onnx_export as onnx_export
 from handler.encoder import resolve_placement
 from handler.engine import RawRequest
-from handler.onnx_runtime import ONNX_FILE, OnnxTransformer, is_out_of_memory
+from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer, is_out_of_memory
 from handler.settings import Settings, SettingsError
 from tests.conftest import PROMPTS, make_engine
 from tests.test_engine import TEXTS
@@ -49,7 +49,7 @@ def test_onnx_runtime_matches_sentence_transformers(onnx_model_dir):
     assert (query * expected).sum(axis=1).min() >= 0.9999
 
 
-def test_the_engine_is_chosen_by_device_dtype_and_files(onnx_model_dir, tiny_model_dir):
+def test_the_engine_is_chosen_by_device_dtype_and_files(onnx_model_dir, tiny_model_dir, tmp_path):
     def engine(settings, model_dir=onnx_model_dir, cuda=False):
         return resolve_placement(Settings(**settings), gpu_id=0 if cuda else None, workers=1, cuda_available=cuda,
                                  model_dir=model_dir).engine
@@ -59,14 +59,22 @@ def test_the_engine_is_chosen_by_device_dtype_and_files(onnx_model_dir, tiny_mod
     assert engine({}, model_dir=None) == "torch"
     assert engine({"engine": "torch"}) == "torch"
     assert engine({}, cuda=True) == "torch"  # PyTorch stays the GPU engine
-    assert engine({"dtype": "int8"}) == "torch"
+    assert engine({"dtype": "int8"}) == "torch"  # the float32 export is no int8 one
+    (tmp_path / INT8_ONNX_FILE).touch()  # what an int8 build ships (archive/int8_calibration.py)
+    assert engine({"dtype": "int8"}, model_dir=tmp_path) == "onnxruntime"
+    assert engine({"dtype": "int8", "engine": "torch"}, model_dir=tmp_path) == "torch"
+    assert engine({}, model_dir=tmp_path) == "torch"
     assert engine({"dtype": "bfloat16"}) == "torch"
     assert engine({"compile": True}) == "torch"
     assert engine({"engine": "onnxruntime"}) == "onnxruntime"
     with pytest.raises(ValueError, match="'engine': onnxruntime needs the build's transformer.onnx"):
         engine({"engine": "onnxruntime"}, model_dir=tiny_model_dir)
-    with pytest.raises(ValueError, match="'engine': onnxruntime runs float32 on a CPU"):
+    with pytest.raises(ValueError, match="'engine': onnxruntime needs the build's transformer.int8.onnx"):
         engine({"engine": "onnxruntime", "dtype": "int8"})
+    with pytest.raises(ValueError, match="'engine': onnxruntime runs float32 or int8 on a CPU"):
+        engine({"engine": "onnxruntime", "compile": True})
+    with pytest.raises(ValueError, match="'engine': onnxruntime runs float32 or int8 on a CPU"):
+        engine({"engine": "onnxruntime", "dtype": "bfloat16"})
     with pytest.raises(SettingsError, match="'engine'"):
         Settings.from_mapping({"engine": "tensorrt"})
 
