@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", help=f"model name in URLs (default: {DEFAULT_NAME} for the default model, else the folder name)")
     p.add_argument("--version", default="1.0")
     p.add_argument("--dtype", default="auto",
-                   help="auto | float32 | float16 | bfloat16 | int8 (CPU; calibrated at build time, about a minute)")
+                   help="auto | float32 | float16 | bfloat16 | int8 (CPU; calibrated at build time, a few minutes)")
     p.add_argument("--pooling", default="auto",
                    help="auto (the model's own) | mean | cls | last_token | max | mean_sqrt_len_tokens | weightedmean")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
