@@ -3,12 +3,15 @@
 Items are sorted by token length before cutting, so each forward pass pads to a length close
 to its members' own, and cut under a budget of padded tokens (longest x count), so a request
 of thousands of texts is simply more forward passes. Where to cut weighs padding against the
-fixed cost of one more pass.
+fixed cost of one more pass. Where a device replays passes in CUDA graph buckets, a pass is
+priced at the bucket it would replay in, so the cuts fill buckets instead of spilling over them.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -39,8 +42,50 @@ def padded_length(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
+class BucketTable:
+    """The (batch, length) shapes a device replays passes in, as a lookup: a pass of `rows` rows
+    padded to `length` replays in the bucket that holds it with the fewest tokens, and computes
+    all of that bucket's tokens."""
+
+    def __init__(self, buckets: Iterable[tuple[int, int]]):
+        shapes = set(buckets)
+        self.lengths = sorted({length for _, length in shapes})
+        widest = max((batch for batch, _ in shapes), default=0)
+        # tokens[level, rows]: the fewest tokens of a bucket holding `rows` rows of a length up to
+        # lengths[level]; 0 where none does. The last row (longer than every bucket) and the last
+        # column (more rows than every bucket) are all 0.
+        self.tokens = np.zeros((len(self.lengths) + 1, widest + 2), dtype=np.int64)
+        for level, length in enumerate(self.lengths):
+            for rows in range(1, widest + 1):
+                self.tokens[level, rows] = min((b * n for b, n in shapes if b >= rows and n >= length), default=0)
+
+    def level(self, length: int) -> int:
+        """The row of `tokens` for passes padded to `length`."""
+        return bisect_left(self.lengths, length)
+
+    def up_to(self, max_rows: int) -> np.ndarray:
+        """`tokens` with a column for every count of rows up to max_rows."""
+        tokens = np.zeros((self.tokens.shape[0], max_rows + 1), dtype=np.int64)
+        width = min(max_rows + 1, self.tokens.shape[1])
+        tokens[:, :width] = self.tokens[:, :width]
+        return tokens
+
+    def bucket_tokens(self, rows: int, length: int) -> int:
+        """Tokens of the bucket a (rows, length) pass replays in; 0 where none holds it."""
+        return int(self.tokens[self.level(length), min(rows, self.tokens.shape[1] - 1)])
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A device that replays passes in CUDA graph buckets: their shapes, and what one replay costs
+    beyond its tokens, in tokens (a replay launches its kernels at once, an eager pass one by one)."""
+    buckets: BucketTable
+    overhead_tokens: int
+
+
 def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int,
-                     pad_multiple: int = 1, pass_overhead_tokens: int = DEFAULT_PASS_OVERHEAD_TOKENS) -> list[list[int]]:
+                     pad_multiple: int = 1, pass_overhead_tokens: int = DEFAULT_PASS_OVERHEAD_TOKENS,
+                     replay: Replay | None = None) -> list[list[int]]:
     """Group item indices into forward passes, longest first, at the least estimated cost.
 
     A pass holds at most `max_batch_size` items and at most `max_batch_tokens` padded tokens
@@ -49,7 +94,9 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_si
 
     A pass costs its padded tokens plus `pass_overhead_tokens`, the time of a pass of nothing
     in units of one token (on a CPU, reading every weight from memory; on a GPU, launching the
-    kernels). Over the length-sorted items the best cut is found exactly by dynamic
+    kernels). With `replay`, a pass that a bucket holds costs that bucket's tokens (the device
+    computes all of them) plus `replay.overhead_tokens`; a pass no bucket holds runs eagerly, at
+    the cost above. Over the length-sorted items the best cut is found exactly by dynamic
     programming: few passes where passes are dear, little padding where tokens are. Greedily
     filling each pass to the budget instead lets one pass span lengths from 200 down to 30 on a
     long-tailed batch of 32 texts: measured here, 1.2x slower on one CPU thread.
@@ -59,10 +106,17 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_si
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
     longest = [padded_length(lengths[i], pad_multiple) for i in order]
     count = len(order)
+    if replay is not None:
+        # bucket_tokens[levels[i], size]: the tokens of the bucket that a pass of `size` items led
+        # by sorted item i replays in; 0 where it runs eagerly.
+        bucket_tokens = replay.buckets.up_to(max(1, min(max_batch_size, count)))
+        levels = [replay.buckets.level(length) for length in longest]
+        bucket_rows = bucket_tokens.tolist()
+        item_buckets = [bucket_rows[level] for level in levels]  # the same, per item, for plain Python
     # cost[j]: the cheapest plan of the first j sorted items; start[j]: where its last pass begins.
     cost = [0.0] * (count + 1)
     start = [0] * (count + 1)
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # made at the first wide window
+    arrays: tuple[np.ndarray, ...] | None = None  # made at the first wide window
     for end in range(1, count + 1):
         # Sorted descending, so a pass [begin, end) pads to longest[begin] and its shortest is
         # longest[end - 1]; no pass can hold more than the budget allows at that length. Its
@@ -70,26 +124,37 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_si
         # Ties go to the earliest begin (the fewest passes).
         widest = max(1, min(max_batch_size, end, max_batch_tokens // max(1, longest[end - 1])))
         if widest <= NUMPY_WINDOW:
-            best_begin = end - 1
-            best = cost[best_begin] + pass_overhead_tokens + longest[best_begin]
-            for begin in range(end - 2, end - widest - 1, -1):
-                padded = longest[begin] * (end - begin)
-                if padded > max_batch_tokens:
+            best, best_begin = float("inf"), end - 1
+            for begin in range(end - 1, end - widest - 1, -1):
+                size = end - begin
+                padded = longest[begin] * size
+                if padded > max_batch_tokens and size > 1:  # a single item runs whatever its length
                     break
-                candidate = cost[begin] + pass_overhead_tokens + padded
+                if replay is None:
+                    price = pass_overhead_tokens + padded
+                else:
+                    bucket = item_buckets[begin][size]
+                    price = replay.overhead_tokens + bucket if bucket else pass_overhead_tokens + padded
+                candidate = cost[begin] + price
                 if candidate <= best:
                     best, best_begin = candidate, begin
         else:
             if arrays is None:
                 arrays = (np.array(cost), np.array(longest, dtype=np.int64),
-                          np.arange(count, 0, -1, dtype=np.int64))  # pass sizes, count down to 1
-            cost_array, longest_array, sizes = arrays
+                          np.arange(count, 0, -1, dtype=np.int64),  # pass sizes, count down to 1
+                          np.array(levels if replay is not None else [], dtype=np.int64))
+            cost_array, longest_array, sizes, level_array = arrays
             first = end - widest
-            padded_tokens = longest_array[first:end] * sizes[count - widest:]
-            candidates = cost_array[first:end] + padded_tokens
+            pass_sizes = sizes[count - widest:]
+            padded_tokens = longest_array[first:end] * pass_sizes
+            prices = pass_overhead_tokens + padded_tokens
+            if replay is not None:
+                bucket = bucket_tokens[level_array[first:end], pass_sizes]
+                prices = np.where(bucket > 0, replay.overhead_tokens + bucket, prices)
+            candidates = cost_array[first:end] + prices
             over = int(np.count_nonzero(padded_tokens[:-1] > max_batch_tokens))
             best_index = over + int(np.argmin(candidates[over:]))
-            best, best_begin = float(candidates[best_index]) + pass_overhead_tokens, first + best_index
+            best, best_begin = float(candidates[best_index]), first + best_index
         cost[end], start[end] = best, best_begin
         if arrays is not None:
             arrays[0][end] = best

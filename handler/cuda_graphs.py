@@ -4,22 +4,45 @@ A short forward pass on a GPU is dominated by kernel launches from Python; a cap
 replays all of them at once. Graphs have fixed shapes, so one graph is captured per (batch,
 sequence) bucket of a ladder, on static input and output buffers. A pass is padded up to the
 smallest bucket that holds it: extra rows and columns are masked out, so the real rows equal the
-eager result; a pass larger than every bucket runs eagerly. Capture stops at a memory cap, and
-the buckets not captured run eagerly too.
+eager result, and the device computes every token of the bucket (the planner, handler/batching.py,
+prices passes at their bucket's tokens, and the padded-token count includes them). A pass that
+no bucket holds runs eagerly.
+
+At start-up, on the worker's own GPU (the current device, a side stream and a memory pool of
+it), in three steps:
+
+1. Warm-up, smallest bucket first: each bucket's pass runs eagerly, measuring the memory it
+   needs. The graphs share one pool and are captured largest first, so together they hold about
+   what the largest one needs: a bucket that needs more than the memory cap runs eagerly, so the
+   cap drops the largest buckets and keeps the small ones.
+2. Capture, largest first. A bucket whose capture fails runs eagerly, with a warning naming it
+   and the error: an operation a capturing stream refuses (a host synchronization in the
+   model's code, such as a data-dependent check of the attention mask), or out of memory. The
+   stream leaves capture mode and the bucket is not registered.
+3. Check: every graph replays two distinct random passes padded into it; each must equal the
+   eager pass, and the two must differ (an empty capture replays stale output). If any graph
+   fails, every graph is dropped and the worker runs eagerly, with an error in the log.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
+
+from handler.batching import BucketTable
 
 log = logging.getLogger(__name__)
 
 # Pooled output of one forward pass: (ids, mask) -> (batch, hidden).
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# How far a replayed vector may lie from the eager one, relative to its norm: padding changes the
+# shapes the kernels run at, hence their rounding, the more so in half precision.
+REPLAY_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
 
 @dataclass(frozen=True, order=True)
@@ -31,10 +54,12 @@ class Bucket:
     def tokens(self) -> int:
         return self.batch * self.length
 
+    def __str__(self) -> str:
+        return f"{self.batch}x{self.length}"
+
 
 def ladder(batches: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[Bucket]:
-    """Every (batch, length) pair within the padded-token budget, largest first (capture order:
-    the first graph sizes the shared memory pool, the later ones fit inside it)."""
+    """Every (batch, length) pair within the padded-token budget, largest first."""
     buckets = {Bucket(b, n) for b in batches for n in lengths if b * n <= max_tokens}
     return sorted(buckets, key=lambda bucket: (bucket.tokens, bucket), reverse=True)
 
@@ -55,19 +80,34 @@ class StaticGraph:
         self.mask = torch.zeros_like(self.ids)
         self.mask[:, 0] = 1  # rows that carry no input still attend to one token: no NaNs
         self.forward = forward
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.output: torch.Tensor | None = None
 
-    def capture(self) -> None:
-        # Warm-up on a side stream first, as CUDA graph capture requires, then capture.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.forward(self.ids, self.mask)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=GraphRunner.pool):
-            self.output = self.forward(self.ids, self.mask)
+    def warm_up(self) -> int:
+        """Run the pass eagerly on the current stream, as capture requires (lazy initialization
+        happens outside it); return the most memory the pass held at once, in bytes."""
+        device = self.ids.device
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        for _ in range(2):
+            self.forward(self.ids, self.mask)
+        return torch.cuda.max_memory_allocated(device) - before
+
+    def capture(self, pool: object) -> None:
+        """Capture the pass on the current stream into the memory pool `pool`. On failure the
+        forward's own error is raised, with the stream out of capture mode again."""
+        torch.cuda.synchronize(self.ids.device)
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=pool)
+        try:
+            output = self.forward(self.ids, self.mask)
+        except BaseException:
+            with suppress(RuntimeError):  # ending an invalidated capture raises an error of its own
+                graph.capture_end()
+            raise
+        graph.capture_end()
+        self.graph, self.output = graph, output
 
     def replay(self) -> None:
         self.graph.replay()
@@ -87,36 +127,51 @@ class StaticGraph:
 class GraphRunner:
     """The captured buckets of one encoder, and the choice between replay and eager."""
 
-    pool = None  # one memory pool shared by every graph of the process
-
     def __init__(self, graphs: dict[Bucket, StaticGraph], forward: Forward):
         self.graphs = graphs
         self.forward = forward  # the eager path, for passes that fit no bucket
         self.buckets = sorted(graphs)
+        self.table = BucketTable((b.batch, b.length) for b in self.buckets)  # for the planner
         self.replays = 0
         self.eager = 0
 
     @classmethod
-    def capture(cls, forward: Forward, buckets: Sequence[Bucket], *, pad_id: int, device: torch.device,
-                max_bytes: int, graph_type: type[StaticGraph] = StaticGraph,
-                memory_in_use: Callable[[], int] | None = None) -> "GraphRunner":
-        """Capture buckets in the given order until the memory they hold exceeds max_bytes."""
-        if graph_type is StaticGraph and cls.pool is None:
-            cls.pool = torch.cuda.graph_pool_handle()
-        in_use = memory_in_use or (lambda: torch.cuda.memory_reserved(device))
-        start = in_use()
-        graphs: dict[Bucket, StaticGraph] = {}
-        for bucket in buckets:
-            graph = graph_type(bucket, forward, pad_id, device)
-            graph.capture()
-            graphs[bucket] = graph
-            used = in_use() - start
-            if used > max_bytes:
-                log.warning("CUDA graphs: memory cap of %d MiB reached after %d of %d buckets; the rest run eagerly",
-                            max_bytes >> 20, len(graphs), len(buckets))
-                break
-        log.info("CUDA graphs: captured %d buckets (%d MiB)", len(graphs), (in_use() - start) >> 20)
-        return cls(graphs, forward)
+    def capture(cls, forward: Forward, buckets: Sequence[Bucket], *, pad_id: int, vocab_size: int,
+                device: torch.device, max_bytes: int, tolerance: float,
+                graph_type: type[StaticGraph] = StaticGraph) -> "GraphRunner":
+        """The graphs of the buckets whose pass needs at most max_bytes and whose capture works,
+        on `device`; none at all if a replay strays from eager by more than `tolerance`."""
+        with _current(device):
+            runner = cls(_capture_all(forward, buckets, pad_id, device, max_bytes, graph_type), forward)
+            failure = runner.replay_failure(vocab_size, tolerance)
+        if failure is not None:
+            log.error("CUDA graphs: %s; every graph is dropped and this worker runs eagerly", failure)
+            runner = cls({}, forward)  # the graphs go with the old runner
+            _release_memory(device)
+        return runner
+
+    def replay_failure(self, vocab_size: int, tolerance: float) -> str | None:
+        """Why the graphs cannot be trusted, or None: each replays two distinct random passes that
+        leave some of its rows and columns as padding; both must equal the eager pass and differ
+        from each other."""
+        generator = torch.Generator().manual_seed(0)
+        for bucket, graph in self.graphs.items():
+            replayed = []
+            for _ in range(2):
+                ids, mask = _random_pass(bucket, vocab_size, graph.pad_id, generator, graph.ids.device)
+                output = graph.run(ids, mask).clone()  # the next replay overwrites the buffer
+                error = _relative_error(output, self.forward(ids, mask))
+                if not error <= tolerance:
+                    return f"bucket {bucket} replays a padded pass unlike the eager pass (error {error:.3g})"
+                replayed.append(output)
+            if _relative_error(*replayed) <= tolerance:
+                return f"bucket {bucket} replays two distinct inputs to the same output"
+        return None
+
+    def computed_tokens(self, rows: int, length: int) -> int:
+        """Tokens the device computes for a (rows, length) pass: its bucket's if one holds it."""
+        bucket = choose(self.buckets, rows, length)
+        return rows * length if bucket is None else bucket.tokens
 
     def run(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Pooled output of the pass: a view of a static buffer, valid until the next replay."""
@@ -126,3 +181,91 @@ class GraphRunner:
             return self.forward(ids, mask)
         self.replays += 1
         return self.graphs[bucket].run(ids, mask)
+
+
+def _capture_all(forward: Forward, buckets: Sequence[Bucket], pad_id: int, device: torch.device, max_bytes: int,
+                 graph_type: type[StaticGraph]) -> dict[Bucket, StaticGraph]:
+    smallest_first = sorted(buckets, key=lambda bucket: (bucket.tokens, bucket))
+    graphs = [graph_type(bucket, forward, pad_id, device) for bucket in smallest_first]
+    with _side_stream(device):
+        affordable = [graph for graph in graphs if _warmed_up_within(graph, max_bytes)]
+        _release_memory(device)  # what the warm-ups cached, for the graphs' pool to take
+        pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        # Largest first: the first graph sizes the shared pool, the later ones fit inside it.
+        captured = {graph.bucket: graph for graph in reversed(affordable) if _captured(graph, pool)}
+    log.info("CUDA graphs: captured %d of %d buckets: %s", len(captured), len(graphs),
+             ", ".join(map(str, sorted(captured))) or "none")
+    return captured
+
+
+def _warmed_up_within(graph: StaticGraph, max_bytes: int) -> bool:
+    try:
+        needed = graph.warm_up()
+    except Exception as err:  # out of memory, most likely; whatever the cause, this bucket runs eagerly
+        log.warning("CUDA graphs: bucket %s runs eagerly: warm-up failed (%s)", graph.bucket, _one_line(err))
+        _release_memory(graph.ids.device)
+        return False
+    if needed > max_bytes:
+        log.warning("CUDA graphs: bucket %s runs eagerly: its pass needs %d MiB, over the %d MiB cap",
+                    graph.bucket, needed >> 20, max_bytes >> 20)
+        return False
+    return True
+
+
+def _captured(graph: StaticGraph, pool: object) -> bool:
+    try:
+        graph.capture(pool)
+    except Exception as err:  # whatever the cause, this bucket runs eagerly
+        log.warning("CUDA graphs: bucket %s runs eagerly: capture failed (%s)", graph.bucket, _one_line(err))
+        _release_memory(graph.ids.device)
+        return False
+    return True
+
+
+def _random_pass(bucket: Bucket, vocab_size: int, pad_id: int, generator: torch.Generator,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids, (rows, length) one short of the bucket in each dimension it has to spare, each
+    row of a random length (the first one full): padding everywhere the bucket allows."""
+    rows, length = max(1, bucket.batch - 1), max(1, bucket.length - 1)
+    sizes = torch.randint(1, length + 1, (rows, 1), generator=generator)
+    sizes[0] = length
+    real = torch.arange(length) < sizes  # (rows, length)
+    ids = torch.randint(vocab_size, (rows, length), generator=generator).masked_fill(~real, pad_id)
+    return ids.to(device), real.long().to(device)
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest distance between a row of `a` and the same row of `b`, relative to the latter's norm."""
+    return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=1e-12)).max())
+
+
+@contextmanager
+def _current(device: torch.device) -> Iterator[None]:
+    """`device` current for the block: new streams and kernels without a device of their own land
+    on it, not on GPU 0. Nothing for the tests' CPU stand-ins."""
+    with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+        yield
+
+
+@contextmanager
+def _side_stream(device: torch.device) -> Iterator[None]:
+    """A fresh stream of `device`, current for the block: warm-up and capture must run off the
+    default stream, and all captures that share a pool on the same one."""
+    if device.type != "cuda":
+        yield
+        return
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the static buffers were filled there
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+def _release_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"

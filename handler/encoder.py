@@ -28,9 +28,9 @@ import torch
 from transformers import AutoConfig, AutoModel
 from transformers.utils import logging as transformers_logging
 
-from handler.batching import padded_length, plan_sub_batches
+from handler.batching import Replay, padded_length, plan_sub_batches
 from handler.cpu_lending import CpuLending
-from handler.cuda_graphs import Bucket, GraphRunner, ladder
+from handler.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner, ladder
 from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
 from handler.onnx_runtime import OnnxTransformer, onnx_file
@@ -55,8 +55,10 @@ GPU_BATCH_TOKENS = 16384
 # A pass of at most this many padded tokens borrows idle CPUs: it ends within about 150 ms on
 # two CPU cores, the longest an owner then waits to get its CPU back.
 LEND_MAX_TOKENS = 1024
-# The timing passes behind the planner's pass cost: one short input, and this many tokens.
+# The timing passes behind the planner's pass cost: one short input, and this many tokens ...
 CALIBRATION_TOKENS = 512
+# ... or on a GPU, half and all of max_batch_tokens, in inputs of this length.
+GPU_CALIBRATION_LENGTH = 128
 # GPU passes pad to a multiple of this (tensor-core tiles, fewer distinct shapes); CPU passes
 # pad only to their longest input.
 GPU_PAD_MULTIPLE = 8
@@ -88,12 +90,9 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
                       model_dir: Path | None = None) -> Placement:
     """Pick device, dtype, threads, engine and forward-pass shape from the settings, the model's
     files and this worker's lot."""
-    if settings.device == "auto":
-        device = torch.device(f"cuda:{gpu_id or 0}") if cuda_available else torch.device("cpu")
-    else:
-        device = torch.device(settings.device)
-        if device.type == "cuda" and not cuda_available:
-            raise ValueError(f"handler setting 'device': {settings.device} requested but CUDA is not available")
+    device = worker_device(settings.device, gpu_id, cuda_available)
+    if device.type == "cuda" and not cuda_available:
+        raise ValueError(f"handler setting 'device': {settings.device} requested but CUDA is not available")
     on_gpu = device.type == "cuda"
     int8 = settings.dtype == "int8"
     if int8 and on_gpu:
@@ -124,6 +123,23 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         compile=settings.compile,
         engine=engine,
     )
+
+
+def worker_device(setting: str, gpu_id: int | None, cuda_available: bool) -> torch.device:
+    """The device of the `device` setting: "auto" and "cuda" mean the GPU TorchServe assigned this
+    worker (gpu_id; GPU 0 without one), "auto" without CUDA the CPU; an explicit "cuda:N" is kept."""
+    if setting == "cpu" or (setting == "auto" and not cuda_available):
+        return torch.device("cpu")
+    if setting in ("auto", "cuda"):
+        return torch.device("cuda", gpu_id or 0)
+    return torch.device(setting)
+
+
+def make_current(device: torch.device) -> None:
+    """Make a GPU this process's current device: streams, graph pools and kernels that name no
+    device of their own land there, not on GPU 0."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def _resolve_engine(settings: Settings, on_gpu: bool, dtype: torch.dtype, int8: bool, model_dir: Path | None) -> str:
@@ -223,8 +239,11 @@ class Encoder:
         self.pad_id = pad_id
         self.max_batch_size = max_batch_size
         self.pass_overhead_tokens = pass_overhead_tokens
+        # ... and what a CUDA graph replay costs beyond its tokens (measure_speed prices it).
+        self.replay_overhead_tokens = pass_overhead_tokens
         # Tokens per input the position embeddings allow; None for rotary models.
         self.max_positions = max_positions
+        make_current(placement.device)  # before the model, streams and graphs take GPU memory
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
         self.lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
@@ -243,9 +262,13 @@ class Encoder:
         self.graphs: GraphRunner | None = None
         if placement.cuda_graph_buckets:
             with torch.inference_mode():
-                self.graphs = GraphRunner.capture(self._pooled, placement.cuda_graph_buckets, pad_id=pad_id,
-                                                  device=placement.device,
-                                                  max_bytes=placement.cuda_graph_max_bytes)
+                # No bucket longer than the position embeddings: its warm-up would index past them.
+                buckets = [b for b in placement.cuda_graph_buckets if b.length <= (max_positions or b.length)]
+                runner = GraphRunner.capture(self._pooled, buckets, pad_id=pad_id,
+                                             vocab_size=self.model.config.vocab_size, device=placement.device,
+                                             max_bytes=placement.cuda_graph_max_bytes,
+                                             tolerance=REPLAY_TOLERANCE[placement.dtype])
+            self.graphs = runner if runner.buckets else None  # no graph left: every pass runs eagerly
 
     def _load_model(self) -> torch.nn.Module:
         kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)
@@ -266,8 +289,9 @@ class Encoder:
         `unpooled[i]`: how many of item i's first tokens pooling leaves out (an excluded prompt)."""
         lengths = [len(ids) for ids in token_ids]
         out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32)
+        replay = None if self.graphs is None else Replay(self.graphs.table, self.replay_overhead_tokens)
         pending = plan_sub_batches(lengths, self.placement.max_batch_tokens, self.max_batch_size,
-                                   self.placement.pad_multiple, self.pass_overhead_tokens)
+                                   self.placement.pad_multiple, self.pass_overhead_tokens, replay)
         padded = passes = 0
         too_large: set[int] = set()
         with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
@@ -293,7 +317,8 @@ class Encoder:
                                     len(indices), half, len(indices) - half)
                         pending[:0] = [indices[:half], indices[half:]]
                     continue
-                padded += ids.numel()
+                # What the device computed: all of its bucket's tokens where a graph replayed the pass.
+                padded += ids.numel() if self.graphs is None else self.graphs.computed_tokens(*ids.shape)
                 passes += 1
         return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
@@ -312,30 +337,61 @@ class Encoder:
                 torch.set_num_threads(self.placement.cpu_threads)
 
     def measure_speed(self) -> Speed:
-        """Time a one-input pass and a CALIBRATION_TOKENS one on this device, its own threads
-        (none borrowed) and dtype: the tokens per second of a full pass, and what a pass costs
-        beyond its tokens, in tokens (the planner's price of one more pass)."""
-        length = min(64, self.max_positions or 64)
-        rows = max(2, CALIBRATION_TOKENS // length)
-        short, full = self._time_pass(1, length // 4), self._time_pass(rows, length)
+        """Time passes on this device, its own threads (none borrowed) and dtype: the tokens per
+        second of a full pass, and what a pass costs beyond its tokens, in tokens (the planner's
+        price of one more pass). With CUDA graphs it also prices a replay, and keeps that price
+        as `replay_overhead_tokens`.
+
+        The time of a token comes from two passes that differ in size: on a CPU a one-input pass
+        and a CALIBRATION_TOKENS one; on a GPU, where both would only be launching kernels, half
+        and all of max_batch_tokens, which keep it computing. A one-input pass run eagerly then
+        gives the cost of a pass beyond its tokens; replayed, that of a replay."""
+        short_length = min(64, self.max_positions or 64) // 4
+        short = self._time_pass(1, short_length, eager=True)
+        if self.placement.device.type == "cuda":
+            length = min(GPU_CALIBRATION_LENGTH, self.max_positions or GPU_CALIBRATION_LENGTH)
+            rows = max(2, self.placement.max_batch_tokens // length)
+            half, full = self._time_pass(rows // 2, length, eager=True), self._time_pass(rows, length, eager=True)
+            per_token = (full - half) / ((rows - rows // 2) * length)
+        else:
+            length = min(64, self.max_positions or 64)
+            rows = max(2, CALIBRATION_TOKENS // length)
+            full = self._time_pass(rows, length)
+            per_token = (full - short) / (rows * length - short_length)
         tokens_per_second = rows * length / full
-        per_token = (full - short) / (rows * length - length // 4)
         if per_token <= 0:  # a noisy neighbour swamped the measurement; keep what we had
             return Speed(self.pass_overhead_tokens, tokens_per_second)
-        overhead = int(min(self.placement.max_batch_tokens, max(1, round(short / per_token - length // 4))))
-        return Speed(overhead, tokens_per_second)
+        if self.graphs is not None:
+            replayed = self._time_pass(1, short_length)
+            self.replay_overhead_tokens = self._tokens_beyond(replayed, self.graphs.computed_tokens(1, short_length),
+                                                              per_token)
+            log.info("a CUDA graph replay costs as much as %d tokens here", self.replay_overhead_tokens)
+        return Speed(self._tokens_beyond(short, short_length, per_token), tokens_per_second)
 
-    def _time_pass(self, rows: int, length: int, repeats: int = 5) -> float:
-        """The fastest of `repeats` runs: a busy neighbour only ever adds time."""
+    def _tokens_beyond(self, seconds: float, tokens: int, per_token: float) -> int:
+        """What a pass of `tokens` that took `seconds` cost beyond its tokens, in tokens."""
+        return int(min(self.placement.max_batch_tokens, max(1, round(seconds / per_token - tokens))))
+
+    def _time_pass(self, rows: int, length: int, *, eager: bool = False, repeats: int = 5) -> float:
+        """The fastest of `repeats` runs of a (rows, length) pass, as passes run (replayed where a
+        graph holds it) or `eager`: a busy neighbour only ever adds time."""
+        run = self._pooled if eager else self._run_pass
         ids = torch.full((rows, length), self.pad_id, dtype=torch.long, device=self.placement.device)
         mask = torch.ones_like(ids)
         seconds = []
         with torch.inference_mode():
             for _ in range(repeats + 1):  # the first run warms this shape up and is not counted
+                self._synchronize()
                 started = time.perf_counter()
-                self._run_pass(ids, mask).cpu()  # .cpu() waits for a GPU to finish
+                run(ids, mask)
+                self._synchronize()
                 seconds.append(time.perf_counter() - started)
         return min(seconds[1:])
+
+    def _synchronize(self) -> None:
+        """Wait for the GPU: kernels run asynchronously, a timer must see them finish."""
+        if self.placement.device.type == "cuda":
+            torch.cuda.synchronize(self.placement.device)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.faults is not None:

@@ -80,8 +80,9 @@ class Settings:
     # refused with 413 before anything is computed, instead of the frontend dropping the worker.
     max_response_bytes: int = 6_553_600
     # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
-    # (pairs over max_batch_tokens are skipped) and replay it for passes that fit a bucket;
-    # capture stops once the graphs hold cuda_graph_max_mb. Ignored on a CPU.
+    # (pairs over max_batch_tokens or the position embeddings are skipped) and replay it for
+    # passes that fit a bucket; a bucket whose pass needs more than cuda_graph_max_mb, or whose
+    # capture fails, runs eagerly (handler/cuda_graphs.py). Ignored on a CPU.
     cuda_graphs: bool = False
     cuda_graph_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from handler.batching import flatten, padded_length, plan_sub_batches
+from handler.batching import BucketTable, Replay, flatten, padded_length, plan_sub_batches
 
 
 def test_flatten_keeps_spans_back_to_each_group():
@@ -117,3 +117,100 @@ def test_a_long_tailed_batch_of_32_pads_little(seed):
 def test_negative_pass_overhead_is_refused():
     with pytest.raises(ValueError, match="pass_overhead_tokens"):
         plan_sub_batches([1, 2], 100, 8, pass_overhead_tokens=-1)
+
+
+# Passes a device replays in CUDA graph buckets (handler/cuda_graphs.py): the planner prices each
+# pass at the bucket it would replay in.
+
+LADDER = [(b, n) for b in (1, 2, 4, 8, 16, 32, 64) for n in (16, 32, 64, 128, 256, 512) if b * n <= 16384]
+
+
+def _bucket_tokens(buckets, rows, length):
+    """The fewest tokens of a bucket holding the pass, by brute force; 0 where none does."""
+    return min((b * n for b, n in buckets if b >= rows and n >= length), default=0)
+
+
+def test_bucket_table_finds_the_smallest_bucket_that_holds_a_pass():
+    table = BucketTable(LADDER)
+    for rows in range(1, 70):
+        for length in range(1, 520, 7):
+            assert table.bucket_tokens(rows, length) == _bucket_tokens(LADDER, rows, length), (rows, length)
+    assert BucketTable([]).bucket_tokens(1, 1) == 0
+
+
+def _replay_cost(lengths, plan, buckets, overhead, replay_overhead, pad_multiple=1):
+    """A plan's cost where the device replays passes in `buckets`, eager where none holds them."""
+    total = 0
+    for batch in plan:
+        padded_len = padded_length(max(lengths[i] for i in batch), pad_multiple)
+        bucket = _bucket_tokens(buckets, len(batch), padded_len)
+        total += replay_overhead + bucket if bucket else overhead + padded_len * len(batch)
+    return total
+
+
+def _cheapest_replay_cost(lengths, max_batch_tokens, max_batch_size, buckets, overhead, replay_overhead):
+    """Every cut of the length-sorted items into consecutive passes, by brute force."""
+    ordered = sorted(lengths, reverse=True)
+    best = [0.0] + [float("inf")] * len(ordered)
+    for end in range(1, len(ordered) + 1):
+        for begin in range(end):
+            size = end - begin
+            if size > max_batch_size or (size > 1 and ordered[begin] * size > max_batch_tokens):
+                continue
+            bucket = _bucket_tokens(buckets, size, ordered[begin])
+            price = replay_overhead + bucket if bucket else overhead + ordered[begin] * size
+            best[end] = min(best[end], best[begin] + price)
+    return best[-1]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_plan_with_buckets_is_the_cheapest_cut_at_bucket_prices(seed):
+    rng = random.Random(seed)
+    # Up to 150 items and passes of up to 100: the wide windows take the numpy path.
+    lengths = [rng.randint(1, 120) for _ in range(rng.randint(1, 150))]
+    buckets = [(b, n) for b in (1, 2, 4, 8, 32, 100) for n in (8, 16, 32, 64, 128) if b * n <= 4096]
+    overhead, replay_overhead = rng.choice([(32, 32), (400, 20), (2000, 50)])
+    plan = plan_sub_batches(lengths, 4096, 100, pass_overhead_tokens=overhead,
+                            replay=Replay(BucketTable(buckets), replay_overhead))
+    assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
+    assert all(len(b) <= 100 and (len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 4096) for b in plan)
+    assert _replay_cost(lengths, plan, buckets, overhead, replay_overhead) == \
+        _cheapest_replay_cost(lengths, 4096, 100, buckets, overhead, replay_overhead)
+
+
+def _mixed_corpus(rng, count):
+    """Half short queries (about 14 tokens), half passages (about 100, a long tail)."""
+    return [min(512, max(3, int(rng.lognormvariate(2.6, 0.5)))) if rng.random() < 0.5
+            else min(512, max(8, int(rng.lognormvariate(4.6, 0.7)))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("count", [16, 64, 256, 1024])
+def test_plans_priced_at_their_buckets_fill_them(count):
+    # The default ladder and GPU budget. Planned blind to the buckets, passes spill into buckets
+    # twice their size (about 0.55 real tokens per computed token, measured here); priced at
+    # their buckets, they fill them, and the estimated cost only falls.
+    rng = random.Random(count)
+    table = BucketTable(LADDER)
+    blind_efficiency = aware_efficiency = 0.0
+    for _ in range(10):
+        lengths = _mixed_corpus(rng, count)
+        blind = plan_sub_batches(lengths, 16384, 256, 8, pass_overhead_tokens=32)
+        aware = plan_sub_batches(lengths, 16384, 256, 8, pass_overhead_tokens=32, replay=Replay(table, 32))
+        computed = {name: _replay_cost(lengths, plan, LADDER, 0, 0, pad_multiple=8)
+                    for name, plan in (("blind", blind), ("aware", aware))}
+        blind_efficiency += sum(lengths) / computed["blind"] / 10
+        aware_efficiency += sum(lengths) / computed["aware"] / 10
+        assert _replay_cost(lengths, aware, LADDER, 32, 32, 8) <= _replay_cost(lengths, blind, LADDER, 32, 32, 8)
+    assert blind_efficiency < 0.62 and aware_efficiency > 0.65
+    assert aware_efficiency > blind_efficiency + 0.08
+
+
+def test_a_pass_no_bucket_holds_runs_eager_at_its_own_size():
+    # 100 inputs of 16 tokens: no bucket holds 100 rows. Where an eager pass costs what a replay
+    # does, one eager pass of 1600 tokens; where it costs more, replays that fill their buckets
+    # (64 + 32 + 4 rows: 36 rows would replay in the 64x16 bucket).
+    table = BucketTable(LADDER)
+    cheap_eager = plan_sub_batches([16] * 100, 16384, 256, 8, pass_overhead_tokens=32, replay=Replay(table, 32))
+    assert [len(b) for b in cheap_eager] == [100]
+    dear_eager = plan_sub_batches([16] * 100, 16384, 256, 8, pass_overhead_tokens=2000, replay=Replay(table, 50))
+    assert sorted(len(b) for b in dear_eager) == [4, 32, 64]

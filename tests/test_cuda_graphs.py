@@ -1,24 +1,51 @@
 """CUDA graph buckets: the ladder, the choice of bucket, padding into static buffers, the eager
-fallback and the memory cap. A GPU runs the real capture; here a stand-in replays eagerly on the
-same static buffers, so everything but the capture itself is exercised on a CPU."""
+fallback, the memory cap, the per-bucket fallback of a failed capture, the start-up check of
+replays against eager, and the choice of the worker's GPU.
 
+These run on a CPU. A stand-in replays eagerly on the same static buffers, so everything but the
+capture itself is exercised; a stand-in cannot prove that a real capture records the pass, that
+a failed capture leaves its stream out of capture mode, or that streams and pools really land on
+the worker's GPU: that needs a GPU. Where torch.cuda is mocked, it is only to see which device
+the code names."""
+
+import contextlib
+import logging
+from unittest import mock
+
+import pytest
 import torch
 
 from handler.cuda_graphs import Bucket, GraphRunner, StaticGraph, choose, ladder
-from handler.encoder import resolve_placement
+from handler.encoder import make_current, resolve_placement, worker_device
 from handler.settings import Settings
 from tests.conftest import make_engine
+from tests.model_families import FAMILIES
 from tests.test_engine import TEXTS
+
+BYTES_PER_TOKEN = 100  # the stand-ins' memory: a pass needs this much per token of its bucket
 
 
 class EagerStandIn(StaticGraph):
     """Replays by running the forward pass on the static buffers, as the captured graph would."""
 
-    def capture(self) -> None:
+    captured: list[Bucket] = []  # capture order, across instances
+
+    def warm_up(self) -> int:
+        self.forward(self.ids, self.mask)
+        return self.bucket.tokens * BYTES_PER_TOKEN
+
+    def capture(self, pool: object) -> None:
+        EagerStandIn.captured.append(self.bucket)
         self.replay()
 
     def replay(self) -> None:
         self.output = self.forward(self.ids, self.mask)
+
+
+def runner_for(encoder, buckets, graph_type=EagerStandIn, **kwargs):
+    settings = {"max_bytes": 1 << 40, "tolerance": 1e-4, **kwargs}
+    return GraphRunner.capture(encoder._pooled, buckets, pad_id=encoder.pad_id, device=torch.device("cpu"),
+                               vocab_size=encoder.model.config.vocab_size, graph_type=graph_type, **settings)
 
 
 def test_ladder_keeps_pairs_within_the_budget_largest_first():
@@ -36,11 +63,6 @@ def test_choose_picks_the_fitting_bucket_with_fewest_tokens():
     assert choose(buckets, 9, 8) is None and choose(buckets, 1, 65) is None
 
 
-def runner_for(encoder, buckets, **kwargs):
-    return GraphRunner.capture(encoder._pooled, buckets, pad_id=encoder.pad_id, device=torch.device("cpu"),
-                               graph_type=EagerStandIn, **{"max_bytes": 1 << 40, "memory_in_use": lambda: 0, **kwargs})
-
-
 def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     encoder = engine.encoder
@@ -48,6 +70,7 @@ def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
     eager = encoder.embed(ids).vectors
     with torch.inference_mode():
         encoder.graphs = runner_for(encoder, ladder([1, 2, 4, 8], [8, 16, 32, 64], max_tokens=10**6))
+    encoder.graphs.replays = 0  # the start-up check replayed too
     replayed = encoder.embed(ids)
     torch.testing.assert_close(replayed.vectors, eager, atol=1e-5, rtol=1e-4)
     assert replayed.passes > 1 and encoder.graphs.replays == replayed.passes and encoder.graphs.eager == 0
@@ -60,20 +83,223 @@ def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
     encoder.graphs = None
 
 
-def test_capture_stops_at_the_memory_cap(tiny_model_dir):
-    encoder = make_engine(tiny_model_dir).encoder
-    used = iter(range(0, 10**6, 100))  # each capture holds 100 more bytes
-    buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+def test_padded_tokens_count_the_bucket_a_pass_replays_in(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=512, max_batch_size=8)
+    encoder = engine.encoder
+    ids = engine.token_ids(TEXTS)
     with torch.inference_mode():
-        runner = runner_for(encoder, buckets, max_bytes=250, memory_in_use=lambda: next(used))
-    assert len(runner.graphs) == 3  # the third capture crossed the cap
-    assert set(runner.graphs) == set(buckets[:3])  # the largest are captured first
+        encoder.graphs = runner_for(encoder, [Bucket(8, 64)])
+    embedded = encoder.embed(ids)
+    encoder.graphs = None
+    assert embedded.padded_tokens == embedded.passes * 8 * 64  # every pass computed the whole bucket
+    assert embedded.padded_tokens > encoder.embed(ids).padded_tokens  # eager computes only its own padding
+
+
+def test_the_planner_fills_the_buckets(tiny_model_dir):
+    # 9 inputs of 3-4 tokens: blind to the buckets, one pass of 9 rows runs eagerly (no bucket
+    # holds 9 rows); priced at the buckets, an 8x8 replay and a 1x8 one cost less.
+    engine = make_engine(tiny_model_dir, max_batch_size=16)
+    encoder = engine.encoder
+    ids = engine.token_ids(["cat"] * 9)
+    with torch.inference_mode():
+        encoder.graphs = runner_for(encoder, [Bucket(1, 8), Bucket(8, 8)])
+    encoder.pass_overhead_tokens, encoder.replay_overhead_tokens = 200, 4
+    encoder.graphs.replays = 0
+    embedded = encoder.embed(ids)
+    encoder.graphs, graphs = None, encoder.graphs
+    assert (embedded.passes, graphs.replays, graphs.eager) == (2, 2, 0)
+    torch.testing.assert_close(embedded.vectors, encoder.embed(ids).vectors, atol=1e-5, rtol=1e-4)
+
+
+def test_the_memory_cap_drops_the_largest_buckets_and_captures_largest_first(tiny_model_dir):
+    encoder = make_engine(tiny_model_dir).encoder
+    buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)  # 16 to 256 tokens
+    EagerStandIn.captured = []
+    with torch.inference_mode():
+        runner = runner_for(encoder, buckets, max_bytes=64 * BYTES_PER_TOKEN)
+    assert set(runner.graphs) == {b for b in buckets if b.tokens <= 64}  # the small ones stay
+    assert EagerStandIn.captured == sorted(runner.graphs, key=lambda b: (b.tokens, b), reverse=True)
+
+
+class FailingCapture(EagerStandIn):
+    """A capture that fails as a real one does for some buckets: an operation the capturing
+    stream refuses (a host synchronization in the model's code), or out of memory."""
+
+    failures = {
+        Bucket(2, 16): RuntimeError("CUDA error: operation not permitted when stream is capturing"),
+        Bucket(4, 32): torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    }
+
+    def capture(self, pool: object) -> None:
+        if self.bucket in self.failures:
+            raise self.failures[self.bucket]
+        super().capture(pool)
+
+
+class FailingWarmUp(EagerStandIn):
+    def warm_up(self) -> int:
+        if self.bucket == Bucket(8, 32):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return super().warm_up()
+
+
+def test_a_failed_capture_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
+    encoder = engine.encoder
+    ids = engine.token_ids(TEXTS * 3)
+    eager = encoder.embed(ids).vectors
+    buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+    for graph_type, failed in ((FailingCapture, {Bucket(2, 16), Bucket(4, 32)}), (FailingWarmUp, {Bucket(8, 32)})):
+        caplog.clear()
+        with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+            encoder.graphs = runner_for(encoder, buckets, graph_type=graph_type)
+        assert set(encoder.graphs.graphs) == set(buckets) - failed  # the rest are captured
+        for bucket in failed:
+            assert any(f"bucket {bucket} runs eagerly" in line and "Error" in line for line in caplog.messages)
+        torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    encoder.graphs = None
+
+
+class MaskIgnoringReplay(EagerStandIn):
+    """A replay that attends to its padding: wrong for every padded pass."""
+
+    def replay(self) -> None:
+        self.output = self.forward(self.ids, torch.ones_like(self.mask))
+
+
+class StaleReplay(EagerStandIn):
+    """A replay that recomputes nothing, as an empty capture (on the wrong device's stream) does:
+    every replay returns the capture's output."""
+
+    def replay(self) -> None:
+        if self.output is None:
+            super().replay()
+
+
+@pytest.mark.parametrize("graph_type", [MaskIgnoringReplay, StaleReplay])
+def test_graphs_that_replay_unlike_eager_are_all_dropped(tiny_model_dir, caplog, graph_type):
+    encoder = make_engine(tiny_model_dir).encoder
+    with torch.inference_mode(), caplog.at_level(logging.ERROR, logger="handler.cuda_graphs"):
+        runner = runner_for(encoder, ladder([1, 2, 4], [8, 16], max_tokens=10**6), graph_type=graph_type)
+    assert runner.graphs == {} and runner.buckets == []
+    assert any("every graph is dropped" in line and "unlike the eager pass" in line for line in caplog.messages)
+
+
+def test_graphs_that_give_distinct_inputs_one_output_are_dropped(tiny_model_dir, caplog):
+    # A forward pass blind to its input: replay and eager agree, but prove nothing.
+    encoder = make_engine(tiny_model_dir).encoder
+    constant = lambda ids, mask: torch.ones((ids.shape[0], 4))  # noqa: E731
+    with caplog.at_level(logging.ERROR, logger="handler.cuda_graphs"):
+        runner = GraphRunner.capture(constant, [Bucket(2, 8)], pad_id=0, vocab_size=100, device=torch.device("cpu"),
+                                     max_bytes=1 << 40, tolerance=1e-3, graph_type=EagerStandIn)
+    assert runner.graphs == {}
+    assert any("two distinct inputs to the same output" in line for line in caplog.messages)
+
+
+def test_measure_speed_prices_a_replay(tiny_model_dir):
+    encoder = make_engine(tiny_model_dir).encoder
+    with torch.inference_mode():
+        encoder.graphs = runner_for(encoder, [Bucket(1, 16), Bucket(8, 64)])
+    speed = encoder.measure_speed()
+    encoder.graphs = None
+    assert speed.tokens_per_second > 0 and speed.pass_overhead_tokens >= 1
+    assert 1 <= encoder.replay_overhead_tokens <= encoder.placement.max_batch_tokens
+
+
+@contextlib.contextmanager
+def pretend_capture():
+    """While a real capture runs, a host synchronization (a tensor read into Python) is an error;
+    here any such read raises, and torch says a stream is capturing."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host synchronization while a stream captures")
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch("torch.cuda.is_current_stream_capturing", lambda: True))
+        for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__", "__index__"):
+            stack.enter_context(mock.patch.object(torch.Tensor, name, refuse))
+        yield
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_forward_pass_reads_no_tensor_while_a_stream_captures(families, family):
+    # transformers 4.x builds the SDPA masks of BERT and XLM-R after `if torch.all(mask == 1)`,
+    # and Qwen3's after `padding_mask.all()`: host synchronizations a capture refuses. From 5.0
+    # they skip those checks while a stream captures (setup.cfg's floor). A CPU cannot capture:
+    # this checks only for reads into Python.
+    encoder = make_engine(families[family]).encoder
+    ids = torch.randint(5, 60, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.inference_mode(), pretend_capture():
+        encoder._pooled(ids, mask)
 
 
 def test_cuda_graphs_are_ignored_on_a_cpu():
     settings = Settings.from_mapping({"device": "cpu", "cuda_graphs": True})
     placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
     assert placement.cuda_graph_buckets == ()
+
+
+def test_a_worker_runs_on_the_gpu_torchserve_assigned():
+    assert worker_device("cuda", 2, cuda_available=True) == torch.device("cuda:2")
+    assert worker_device("auto", 3, cuda_available=True) == torch.device("cuda:3")
+    assert worker_device("cuda", None, cuda_available=True) == torch.device("cuda:0")
+    assert worker_device("cuda:1", 3, cuda_available=True) == torch.device("cuda:1")  # explicit: kept
+    assert worker_device("auto", 3, cuda_available=False) == torch.device("cpu")
+    assert worker_device("cpu", 3, cuda_available=True) == torch.device("cpu")
+    placement = resolve_placement(Settings(device="cuda"), gpu_id=1, workers=2, cuda_available=True)
+    assert placement.device == torch.device("cuda:1")
+
+
+def test_the_worker_makes_its_gpu_current():
+    with mock.patch("torch.cuda.set_device") as set_device:
+        make_current(torch.device("cpu"))
+        set_device.assert_not_called()
+        make_current(torch.device("cuda:3"))
+    set_device.assert_called_once_with(torch.device("cuda:3"))
+
+
+class CpuBuffers(EagerStandIn):
+    """The stand-in's buffers stay on the CPU whatever device it is given."""
+
+    def __init__(self, bucket, forward, pad_id, device):
+        super().__init__(bucket, forward, pad_id, torch.device("cpu"))
+
+
+def test_capture_makes_its_stream_and_pool_on_the_worker_gpu(tiny_model_dir):
+    encoder = make_engine(tiny_model_dir).encoder
+    device = torch.device("cuda:1")
+    named: list[tuple[str, object]] = []
+
+    @contextlib.contextmanager
+    def current_device(device):
+        named.append(("current device", device))
+        yield
+
+    class Stream:
+        def __init__(self, device=None):
+            named.append(("new stream", device))
+
+        def wait_stream(self, other):
+            pass
+
+    def current_stream(device=None):
+        named.append(("current stream", device))
+        return Stream.__new__(Stream)
+
+    with mock.patch("torch.cuda.device", current_device), mock.patch("torch.cuda.Stream", Stream), \
+            mock.patch("torch.cuda.current_stream", current_stream), \
+            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
+            mock.patch("torch.cuda.graph_pool_handle", lambda: named.append(("pool", None))), \
+            mock.patch("torch.cuda.empty_cache"), torch.inference_mode():
+        runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8)], pad_id=encoder.pad_id, device=device,
+                                     vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
+                                     tolerance=1e-4, graph_type=CpuBuffers)
+    assert runner.buckets == [Bucket(2, 8)]
+    assert named[0] == ("current device", device) and ("new stream", device) in named
+    assert {device for what, device in named if what == "current stream"} == {device}
+    assert named.index(("current device", device)) < named.index(("pool", None))
 
 
 def test_torch_compile_gives_the_eager_results(tiny_model_dir):
