@@ -232,9 +232,11 @@ def weights_revision(model_dir: Path) -> str:
 
 
 def serves_onnx(handler: dict) -> bool:
-    """Whether a worker of this build may run ONNX Runtime: float32 or int8 on a CPU (or auto), not compiled."""
+    """Whether a worker of this build may run ONNX Runtime: float32 or int8 on a CPU (or auto), not
+    compiled, not packed."""
     return (handler.get("engine", "auto") != "torch" and handler["device"] in ("auto", "cpu")
-            and handler["dtype"] in ("auto", "float32", "int8") and not handler.get("compile"))
+            and handler["dtype"] in ("auto", "float32", "int8") and not handler.get("compile")
+            and not handler.get("packed"))
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:

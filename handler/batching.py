@@ -164,3 +164,18 @@ def plan_sub_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_si
         passes.append(order[start[end]:end])
         end = start[end]
     return passes[::-1]
+
+
+def plan_packed(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -> list[list[int]]:
+    """Group item indices into packed passes (handler/packed.py), longest first: a packed pass
+    computes only its real tokens, so there is no padding to weigh and the fewest passes win.
+    Each holds at most `max_batch_size` items and `max_tokens` tokens; a longer item runs alone."""
+    passes: list[list[int]] = []
+    tokens = max_tokens + 1  # no open pass yet
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True):
+        if tokens + lengths[index] > max_tokens or len(passes[-1]) >= max_batch_size:
+            passes.append([])
+            tokens = 0
+        passes[-1].append(index)
+        tokens += lengths[index]
+    return passes

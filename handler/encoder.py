@@ -34,6 +34,7 @@ from handler.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner, ladder
 from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
 from handler.onnx_runtime import OnnxTransformer, onnx_file
+from handler.packed import PackedPasses, PackedTransformer, packed_support
 from handler.onnx_runtime import is_out_of_memory as _onnx_out_of_memory
 from handler.pooling import PROMPT, pool
 from handler.settings import Settings
@@ -59,6 +60,9 @@ LEND_MAX_TOKENS = 1024
 CALIBRATION_TOKENS = 512
 # ... or on a GPU, half and all of max_batch_tokens, in inputs of this length.
 GPU_CALIBRATION_LENGTH = 128
+# The least cosine, per input, between the packed and the padded pass at start-up: float
+# rounding apart in float32, half precision's in float16 / bfloat16.
+PACKED_MIN_COSINE = {torch.float32: 0.9999, torch.float16: 0.999, torch.bfloat16: 0.995}
 # GPU passes pad to a multiple of this (tensor-core tiles, fewer distinct shapes); CPU passes
 # pad only to their longest input.
 GPU_PAD_MULTIPLE = 8
@@ -80,6 +84,7 @@ class Placement:
     cuda_graph_max_bytes: int = 0
     compile: bool = False
     engine: str = "torch"  # or "onnxruntime" (CPU, float32 or int8)
+    packed: bool = False  # packed passes asked for (the encoder verifies them; torch engine)
 
     @property
     def int8(self) -> bool:
@@ -122,6 +127,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
         compile=settings.compile,
         engine=engine,
+        packed=settings.packed,
     )
 
 
@@ -144,10 +150,12 @@ def make_current(device: torch.device) -> None:
 
 def _resolve_engine(settings: Settings, on_gpu: bool, dtype: torch.dtype, int8: bool, model_dir: Path | None) -> str:
     exported = model_dir is not None and (Path(model_dir) / onnx_file(int8)).is_file()
-    onnx_fits = not on_gpu and dtype == torch.float32 and not settings.compile  # int8 loads float32
+    # int8 loads float32; packed passes run the torch model's own modules.
+    onnx_fits = not on_gpu and dtype == torch.float32 and not settings.compile and not settings.packed
     if settings.engine == "onnxruntime":
         if not onnx_fits:
-            raise ValueError("handler setting 'engine': onnxruntime runs float32 or int8 on a CPU (no compile)")
+            raise ValueError("handler setting 'engine': onnxruntime runs float32 or int8 on a CPU (no compile, "
+                             "no packed)")
         if not exported:
             raise ValueError(f"handler setting 'engine': onnxruntime needs the build's {onnx_file(int8)}, which "
                              "the archive does not hold (rebuild it with --set engine=auto)")
@@ -260,7 +268,11 @@ class Encoder:
         pooled_width = int(AutoConfig.from_pretrained(self.model_dir).hidden_size) * len(pooling.modes)
         self.head, self.dimension = load_head(self.model_dir, head, pooled_width, placement.device)
         self.graphs: GraphRunner | None = None
-        if placement.cuda_graph_buckets:
+        # How passes are laid out and run: packed where asked for and verified, else padded.
+        self.passes: PaddedPasses | PackedPasses = self._packed_passes() if placement.packed else PaddedPasses(self)
+        if placement.packed and isinstance(self.passes, PackedPasses) and placement.cuda_graph_buckets:
+            log.warning("packed passes run eagerly: CUDA graphs are captured for padded passes only")
+        elif placement.cuda_graph_buckets:
             with torch.inference_mode():
                 # No bucket longer than the position embeddings: its warm-up would index past them.
                 buckets = [b for b in placement.cuda_graph_buckets if b.length <= (max_positions or b.length)]
@@ -269,6 +281,34 @@ class Encoder:
                                              max_bytes=placement.cuda_graph_max_bytes,
                                              tolerance=REPLAY_TOLERANCE[placement.dtype])
             self.graphs = runner if runner.buckets else None  # no graph left: every pass runs eagerly
+
+    def _packed_passes(self) -> "PaddedPasses | PackedPasses":
+        """The packed layout if this model supports it and agrees with the padded one on a few
+        inputs of mixed lengths; otherwise, with a log line saying why, the padded layout."""
+        reason = packed_support(self.model)
+        if reason is None:
+            transformer = PackedTransformer(self.model)
+            packed = PackedPasses(transformer, self.pooling.modes, self.head, self.placement.max_batch_tokens,
+                                  self.max_batch_size)
+            rows = _probe_rows(self.pad_id, self.model.config.vocab_size, self.max_positions or 512)
+            with torch.inference_mode():
+                cosine = torch.nn.functional.cosine_similarity(
+                    packed.run(packed.prepare(rows, None)), self._pooled(*self._pad(rows, None))).min()
+            floor = PACKED_MIN_COSINE[self.placement.dtype]
+            if cosine >= floor:
+                log.info("packed passes (attention: %s), verified against padded: min cosine %.6f",
+                         transformer.attention_kernel, cosine)
+                return packed
+            reason = f"its vectors differ from the padded pass's (min cosine {cosine:.6f} < {floor})"
+        log.warning("packed passes unavailable for this model: %s; passes are padded", reason)
+        return PaddedPasses(self)
+
+    def layout(self) -> dict[str, str]:
+        """How this encoder runs its passes, for /info."""
+        if isinstance(self.passes, PackedPasses):
+            return {"layout": "packed", "attention": self.passes.transformer.attention_kernel}
+        return {"layout": "padded", "attention": "onnxruntime" if self.model is None else
+                getattr(self.model.config, "_attn_implementation", None) or "eager"}
 
     def _load_model(self) -> torch.nn.Module:
         kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)
@@ -289,25 +329,23 @@ class Encoder:
         `unpooled[i]`: how many of item i's first tokens pooling leaves out (an excluded prompt)."""
         lengths = [len(ids) for ids in token_ids]
         out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32)
-        replay = None if self.graphs is None else Replay(self.graphs.table, self.replay_overhead_tokens)
-        pending = plan_sub_batches(lengths, self.placement.max_batch_tokens, self.max_batch_size,
-                                   self.placement.pad_multiple, self.pass_overhead_tokens, replay)
+        pending = self.passes.plan(lengths)
         padded = passes = 0
         too_large: set[int] = set()
         with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
             while pending:
                 indices = pending.pop(0)
-                ids, mask = self._pad([token_ids[i] for i in indices],
-                                      [unpooled[i] for i in indices] if unpooled else None)
+                inputs = self.passes.prepare([token_ids[i] for i in indices],
+                                             [unpooled[i] for i in indices] if unpooled else None)
                 try:
-                    with self._cpus_for_pass(ids):
-                        out[indices] = self._forward(ids, mask)
+                    with self._cpus_for_pass(inputs[0]):
+                        out[indices] = self._forward(inputs)
                 except Exception as err:
                     if not _is_out_of_memory(err):
                         if _is_device_failure(err):
                             raise DeviceFailure(str(err)) from err
                         raise
-                    del ids, mask  # free this pass's inputs before retrying smaller
+                    del inputs  # free this pass's inputs before retrying smaller
                     self._release_memory()
                     if len(indices) == 1:
                         too_large.add(indices[0])
@@ -317,8 +355,7 @@ class Encoder:
                                     len(indices), half, len(indices) - half)
                         pending[:0] = [indices[:half], indices[half:]]
                     continue
-                # What the device computed: all of its bucket's tokens where a graph replayed the pass.
-                padded += ids.numel() if self.graphs is None else self.graphs.computed_tokens(*ids.shape)
+                padded += self.passes.computed_tokens(inputs)
                 passes += 1
         return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
@@ -393,10 +430,10 @@ class Encoder:
         if self.placement.device.type == "cuda":
             torch.cuda.synchronize(self.placement.device)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, inputs: tuple) -> torch.Tensor:
         if self.faults is not None:
-            self.faults.check(ids)
-        return self._run_pass(ids, mask).cpu()  # a copy: a replayed graph's output buffer is overwritten by the next
+            self.faults.check(inputs[0])
+        return self.passes.run(inputs).cpu()  # a copy: a replayed graph's output buffer is overwritten by the next
 
     def _run_pass(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.graphs.run(ids, mask) if self.graphs is not None else self._pooled(ids, mask)
@@ -429,6 +466,39 @@ class Encoder:
             mask[positions < np.minimum(np.asarray(unpooled, dtype=np.int64), sizes)[:, None]] = PROMPT
         device = self.placement.device
         return torch.from_numpy(ids).to(device, non_blocking=True), torch.from_numpy(mask).to(device, non_blocking=True)
+
+
+class PaddedPasses:
+    """Passes as right-padded (batch, seq) rectangles, cut at the least padding plus pass cost:
+    every engine, and CUDA graphs replayed by bucket. Inputs of a pass: (ids, pooling mask)."""
+
+    def __init__(self, encoder: Encoder):
+        self.encoder = encoder
+
+    def plan(self, lengths: list[int]) -> list[list[int]]:
+        encoder = self.encoder
+        replay = None if encoder.graphs is None else Replay(encoder.graphs.table, encoder.replay_overhead_tokens)
+        return plan_sub_batches(lengths, encoder.placement.max_batch_tokens, encoder.max_batch_size,
+                                encoder.placement.pad_multiple, encoder.pass_overhead_tokens, replay)
+
+    def prepare(self, rows: list[Sequence[int]], unpooled: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder._pad(rows, unpooled)
+
+    def run(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.encoder._run_pass(*inputs)
+
+    def computed_tokens(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> int:
+        """What the device computed: all of its bucket's tokens where a graph replayed the pass."""
+        graphs = self.encoder.graphs
+        return inputs[0].numel() if graphs is None else graphs.computed_tokens(*inputs[0].shape)
+
+
+def _probe_rows(pad_id: int, vocab_size: int, max_positions: int) -> list[list[int]]:
+    """A few inputs of mixed lengths, random ids: one token, short, long, equal lengths."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [min(length, max_positions) for length in (1, 7, 7, 33, 130, 3)]
+    return [[token if token != pad_id else pad_id + 1 for token in
+             torch.randint(0, vocab_size, (length,), generator=generator).tolist()] for length in lengths]
 
 
 def quantizable_layers(model: torch.nn.Module) -> list[str]:

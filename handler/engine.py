@@ -127,6 +127,7 @@ class EmbeddingEngine:
         # the pipeline modules' too), how they run, and the pipeline after the transformer.
         dtype = f"int8:{placement.engine}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
             else f"{placement.dtype}:{placement.engine}"
+        dtype += f":{encoder.layout()['layout']}"
         cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
                            identity=f"{settings.revision}|{dtype}|{'/'.join(description.modules)}")
         return cls(tokenizer, encoder, settings, model_name=model_name, max_length=max_length,
@@ -178,6 +179,7 @@ class EmbeddingEngine:
             "model_dtype": "int8" if placement.int8 else str(placement.dtype).removeprefix("torch."),
             "device": str(placement.device),
             "engine": placement.engine,
+            **self.encoder.layout(),  # "layout": padded or packed, and the attention kernel
             "embedding_dimension": self.encoder.dimension,
             "max_input_length": self.max_length,
             "architecture": self.description.model_type,

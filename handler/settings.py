@@ -89,6 +89,12 @@ class Settings:
     cuda_graph_max_mb: int = 2048
     # torch.compile the model (dynamic shapes); start-up takes longer.
     compile: bool = False
+    # Run passes packed (handler/packed.py): the real tokens of a pass concatenated, no padding
+    # computed, on the torch engine; used where the architecture is supported (BERT, RoBERTa,
+    # XLM-R, MPNet) and a start-up check agrees with the padded pass, else passes are padded.
+    # Off by default: on a CPU ONNX Runtime's padded passes measured faster (docs/performance.md);
+    # on a GPU it is not measured yet (make bench-gpu).
+    packed: bool = False
     # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded
     # also in memory ...
     cache_entries: int = 0

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from handler.batching import BucketTable, Replay, flatten, padded_length, plan_sub_batches
+from handler.batching import BucketTable, Replay, flatten, padded_length, plan_packed, plan_sub_batches
 
 
 def test_flatten_keeps_spans_back_to_each_group():
@@ -214,3 +214,13 @@ def test_a_pass_no_bucket_holds_runs_eager_at_its_own_size():
     assert [len(b) for b in cheap_eager] == [100]
     dear_eager = plan_sub_batches([16] * 100, 16384, 256, 8, pass_overhead_tokens=2000, replay=Replay(table, 50))
     assert sorted(len(b) for b in dear_eager) == [4, 32, 64]
+
+
+def test_packed_plan_fills_passes_by_total_tokens_longest_first():
+    lengths = [5, 300, 40, 40, 7, 1, 90, 600]
+    passes = plan_packed(lengths, max_tokens=128, max_batch_size=3)
+    assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
+    assert passes[:3] == [[7], [1], [6]]  # longer than the budget, or nothing else fits beside it: alone
+    for indices in passes:
+        assert len(indices) <= 3 and (len(indices) == 1 or sum(lengths[i] for i in indices) <= 128)
+    assert passes[3:] == [[2, 3, 4], [0, 5]]

@@ -215,3 +215,52 @@ def test_requests_that_differ_in_dimensions_and_normalize_share_a_batch(tiny_eng
             np.testing.assert_allclose(norms, 1.0, atol=1e-5)
         else:
             assert not np.allclose(norms, 1.0, atol=1e-3)
+
+
+# --- packed passes (handler/packed.py through the encoder) ---------------------------------------
+
+def test_packed_passes_give_the_padded_vectors_and_compute_no_padding(tiny_model_dir):
+    padded, packed = make_engine(tiny_model_dir), make_engine(tiny_model_dir, packed=True)
+    assert packed.info()["layout"] == "packed" and padded.info()["layout"] == "padded"
+    texts = [*TEXTS, "a", "hello " * 60]  # one input over max_length: truncated alike
+    for body in ({"input": texts}, {"input": texts, "prompt_name": "query"}, {"input": texts, "dimensions": 8}):
+        [ours], [expected] = packed.handle([RawRequest(body)]), padded.handle([RawRequest(body)])
+        ours, expected = (np.array([d["embedding"] for d in json.loads(r.body)["data"]]) for r in (ours, expected))
+        assert (ours * expected).sum(axis=1).min() >= 0.9999, body
+    embedded = packed.encoder.embed(packed.token_ids(texts))
+    assert embedded.padded_tokens == embedded.real_tokens
+
+
+def test_packed_passes_fall_back_to_padded_where_unsupported_or_unverified(families, tiny_model_dir, monkeypatch,
+                                                                         caplog):
+    with caplog.at_level("WARNING"):
+        assert make_engine(families["qwen3"], packed=True).info()["layout"] == "padded"
+    assert "packed passes unavailable for this model: Qwen3Model is not one of" in caplog.text
+    caplog.clear()
+    from handler.packed import PackedTransformer
+
+    real = PackedTransformer.__call__
+    monkeypatch.setattr(PackedTransformer, "__call__", lambda self, *args: real(self, *args).flip(0))  # wrong rows
+    with caplog.at_level("WARNING"):
+        assert make_engine(tiny_model_dir, packed=True).info()["layout"] == "padded"
+    assert "its vectors differ from the padded pass's" in caplog.text
+
+
+def test_packed_out_of_memory_splits_the_pass(tiny_model_dir, monkeypatch):
+    from handler.encoder import FAULTS_ENV
+
+    reference = make_engine(tiny_model_dir, packed=True)
+    ids = reference.token_ids(TEXTS)
+    monkeypatch.setenv(FAULTS_ENV, "oom_above_tokens=24")
+    engine = make_engine(tiny_model_dir, packed=True)
+    embedded, expected = engine.encoder.embed(ids), reference.encoder.embed(ids)
+    fits = [i for i, row in enumerate(ids) if len(row) <= 24]
+    assert embedded.passes > expected.passes and 0 < len(fits) < len(ids)
+    assert embedded.too_large == frozenset(range(len(ids))) - set(fits)  # over the limit alone: 507 for its request
+    assert torch.allclose(embedded.vectors[fits], expected.vectors[fits], atol=1e-5)
+
+
+def test_packed_needs_the_torch_engine(onnx_model_dir):
+    assert make_engine(onnx_model_dir, packed=True).info()["engine"] == "torch"
+    with pytest.raises(ValueError, match="'engine': onnxruntime runs float32 or int8 on a CPU"):
+        make_engine(onnx_model_dir, packed=True, engine="onnxruntime")

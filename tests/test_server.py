@@ -357,3 +357,17 @@ def test_handler_metrics_reach_prometheus(server):
     assert grown("EmbedBatchSeconds_count") == grown("EmbedBatches") and grown("EmbedBatchSeconds_sum") > 0
     assert grown("EmbedBatchSeconds_bucket", 'le="+Inf"') == grown("EmbedBatches")
     assert grown("EmbedResponses", 'Status="200"') == 6 and grown("EmbedResponses", 'Status="400"') == 1
+
+
+def test_packed_passes_serve_the_padded_vectors(server, reference):
+    """A build with `--set packed=true`: /info names the layout, and concurrent requests of mixed
+    lengths, batched together, get the padded engine's vectors."""
+    info = requests.get(f"{server.url('inference')}/predictions/tinypacked/1.0/info", headers=server.auth(), timeout=30)
+    assert info.status_code == 200 and info.json()["layout"] == "packed", info.text
+    assert info.json()["engine"] == "torch" and info.json()["attention"] == "grouped_sdpa"
+    bodies = [[TEXTS[i % len(TEXTS)] * (1 + i % 3)] for i in range(12)]
+    responses = concurrently([lambda body=body: predict(server, {"input": body}, model="tinypacked")
+                              for body in bodies])
+    for body, response in zip(bodies, responses):
+        ours, expected = vectors(response), reference(body)
+        assert (ours * expected).sum(axis=1).min() >= 0.9999
