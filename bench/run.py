@@ -6,7 +6,8 @@
    (fp32 as served, on ONNX Runtime, and int8), with padding efficiency and cosine to the fp32
    reference; and the batch planner on 32-text batches, least-cost cuts against passes filled
    to the token budget.
-2. The CPU kernels: the forward pass engine by engine (bench/cpu_kernels.py).
+2. The CPU kernels: the forward pass engine by engine (bench/cpu_kernels.py); packed against
+   padded passes (bench/packed.py).
 3. The CPU's fp32 matrix-multiply rate, and from it the fixed corpus's texts/s ceiling.
 4. End to end through the real TorchServe: a closed-loop client at several concurrencies and
    texts per request, on the fixed (64-token) and mixed (4-256 token) corpora; then int8; then
@@ -36,7 +37,7 @@ from archive.build import main as build_main
 from archive.default_model import fetch_default_model
 from archive.int8_calibration import calibrate
 from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
-from bench import batch_delay, request_path
+from bench import batch_delay, packed, request_path
 from bench.cpu_kernels import compare_engines, exported_copy, int8_copy
 from bench.inprocess import (
     bench_engine, bench_planner, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine,
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     print("CPU kernels ...", file=sys.stderr)
     results["cpu_kernels"] = compare_engines(model_dir, corpora["mixed"][:256], references["mixed"][:256], threads,
                                              torch_calibration.keep_fp32, int8_dir)
+    print("packed passes ...", file=sys.stderr)
+    results["packed"] = packed.compare_engines(model_dir, corpora["mixed"][:256], rounds=2)
     gflops = matmul_gflops(threads)
     per_text = flops_per_token(load_engine(model_dir, threads), FIXED_LENGTH) * FIXED_LENGTH  # torch
     results["matmul"] = {"gflops": round(gflops, 1), "mflop_per_token": round(per_text / FIXED_LENGTH / 1e6, 2),
@@ -216,6 +219,11 @@ def check_targets(results: dict) -> list[dict]:
         _target("1 client, 1 fixed 64-token text: p50 (ms)", idle_fixed["p50_ms"], "<= 20", idle_fixed["p50_ms"] <= 20),
         _target("request path: tiny model / no-op handler, requests/s at 64 clients", path["ratio"], ">= 0.75",
                 path["ratio"] >= 0.75),
+        _target("packed / padded passes, torch, in-process (mixed)", results["packed"]["packed_over_padded_torch"],
+                ">= 1.0", results["packed"]["packed_over_padded_torch"] >= 1.0),
+        _target("packed torch / the CPU default (ONNX Runtime, padded), in-process (mixed); the default "
+                "stays padded below 1.0", results["packed"]["packed_over_onnxruntime"], ">= 1.0",
+                results["packed"]["packed_over_onnxruntime"] >= 1.0),
     ]
 
 
