@@ -7,12 +7,15 @@ Writes DIR/gpu.json and DIR/gpu.png (docs/gpu.md says how to run it on a GPU mac
 1. the environment: versions, the GPU, the SDPA backends enabled and which of them run a padded
    attention;
 2. correctness against an fp32 reference embedded one text at a time (no padding), on the mixed
-   corpus in TorchServe-sized batches: fp16 eager, fp16 with CUDA graphs and bf16 eager; then
+   corpus in TorchServe-sized batches: fp16 eager, fp16 with CUDA graphs, bf16 eager and fp16
+   packed passes (handler/packed.py); then
    adversarial cases for graph replay (one row in a large bucket, lengths 2 and 256 in one pass,
    small-large-small replays, distinct inputs);
 3. batch-1 latency at 16, 64 and 128 tokens, eager and graphs (CUDA events and wall clock);
 4. saturation: real tokens/s and MFU of the engine against sentence-transformers fp16 `encode`,
    for the served model (all-MiniLM-L6-v2) and a BERT-base-sized model with random weights;
+   packed against padded passes (eager, and padded with graphs) in TorchServe-sized batches:
+   real tokens/s and real / computed tokens;
 5. the engine's whole `handle` on TorchServe batches of one-text JSON requests: texts/s and the
    time split prepare / model / encode;
 6. peak memory, graph capture and start-up times; then the targets.
@@ -131,6 +134,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     # The modes checked for correctness: (dtype, CUDA graphs).
     modes = [("float16", False), ("float16", True), ("bfloat16", False)] if cuda else \
         [("float32", False), ("bfloat16", False)]
+    packed_name = f"{primary_dtype}_packed"  # packed passes (handler/packed.py), eager
     models = pick_models(scratch, model, cuda)
     results: dict = {
         "device": device,
@@ -165,7 +169,11 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
             "float16_graphs_large_bucket", primary, dtype="float16", cuda_graphs=True,
             cuda_graph_batches=[64], cuda_graph_lengths=[256])
 
-    results["correctness"] = correctness(engines, [mode_name(*m) for m in modes], texts, reference)
+    _progress(f"{models['minilm'][1]}: {packed_name} ...")
+    engines[packed_name] = bench.engine(packed_name, primary, dtype=primary_dtype, packed=True)
+    results["engines"][packed_name]["layout"] = engines[packed_name].info()["layout"]
+    results["engines"][packed_name]["attention"] = engines[packed_name].info()["attention"]
+    results["correctness"] = correctness(engines, [mode_name(*m) for m in modes] + [packed_name], texts, reference)
     eager, graphs = mode_name(primary_dtype, False), mode_name("float16", True)
     adversarial_engines = {name: engines[name] for name in (eager, graphs, "float16_graphs_large_bucket")
                            if name in engines}
@@ -181,6 +189,9 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     saturation_texts = corpus[: plan.saturation_texts]
     results["saturation"] = {"minilm": saturation(engines[eager], primary, saturation_texts, device, primary_dtype,
                                                   plan.best_of, peak, reference)}
+    _progress("packed against padded passes ...")
+    padded = {name: engines[name] for name in (eager, graphs) if name in engines}
+    results["packed"] = packed_against_padded(engines[packed_name], padded, saturation_texts, plan.best_of)
     _progress("the engine's handle on TorchServe batches ...")
     results["handle"] = {name: handle(engines[name], saturation_texts) for name in [eager, graphs] if name in engines}
     results["memory_mib"]["minilm"] = _peak_mib(cuda)
@@ -598,6 +609,30 @@ def saturation(engine: EmbeddingEngine, model_dir: Path, texts: list[str], devic
     return result
 
 
+def packed_against_padded(packed: EmbeddingEngine, padded: dict[str, EmbeddingEngine], texts: list[str],
+                          best_of: int) -> dict:
+    """The corpus in TorchServe-sized batches through packed and padded passes, in turns (the
+    fastest of `best_of` each): real tokens/s, real / computed tokens, and packed's ratio to each."""
+    engines = {"packed": packed, **padded}
+    ids = packed.token_ids(texts)
+    batches = [ids[start:start + TORCHSERVE_BATCH] for start in range(0, len(ids), TORCHSERVE_BATCH)]
+    best = dict.fromkeys(engines, float("inf"))
+    computed = dict.fromkeys(engines, 0)
+    for round_ in range(best_of):
+        for name, engine in engines.items():
+            began = time.perf_counter()
+            runs = [engine.encoder.embed(batch) for batch in batches]  # each returns on the host
+            best[name] = min(best[name], time.perf_counter() - began)
+            computed[name] = sum(run.padded_tokens for run in runs)
+    real = sum(map(len, ids))
+    rows = {name: {"real_tokens_per_s": round(real / best[name], 1),
+                   "real_over_computed_tokens": round(real / computed[name], 4)} for name in engines}
+    for name in padded:
+        rows["packed"][f"over_{name}"] = round(best[name] / best["packed"], 3)
+    return {"texts": len(texts), "batch": TORCHSERVE_BATCH, "attention": packed.info()["attention"],
+            "layout": packed.info()["layout"], **rows}
+
+
 def sentence_transformers_encode(model_dir: Path, texts: list[str], device: str, dtype: str,
                                  best_of: int) -> tuple[dict, np.ndarray]:
     from sentence_transformers import SentenceTransformer
@@ -674,6 +709,8 @@ def check_targets(results: dict) -> list[dict]:
     st = minilm["sentence_transformers"]["by_batch_size"][str(ST_BATCH_SIZES[0])]["texts_per_s"]
     speedup = minilm["engine"]["texts_per_s_with_tokenizing"] / st
     host = results["handle"][mode_name(minilm["dtype"], False)].get("host_over_model")
+    packed = results["packed"]["packed"]
+    packed_speedup = packed.get(f"over_{mode_name('float16', True)}")
     return [
         _target("every mode: min cosine to the fp32 reference (corpus; adversarial cases)",
                 {**min_cosine, "adversarial": adversarial_min}, ">= 0.999",
@@ -688,6 +725,10 @@ def check_targets(results: dict) -> list[dict]:
         _target("BERT-base-sized MFU (datasheet peak)", bert["mfu"], ">= 0.35", bert["mfu"] >= 0.35, cuda),
         _target("handler host time (prepare + encode) / model time, TorchServe batches of 32",
                 host, "<= 0.15", host is not None and host <= 0.15, cuda),
+        _target("packed passes: real / computed tokens", packed["real_over_computed_tokens"], ">= 0.99",
+                packed["real_over_computed_tokens"] >= 0.99),
+        _target("packed / padded passes with graphs, real tokens/s, TorchServe batches of 32 (packed runs eagerly)",
+                packed_speedup, ">= 1.6", packed_speedup is not None and packed_speedup >= 1.6, cuda),
     ]
 
 

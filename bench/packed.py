@@ -1,6 +1,7 @@
 """Packed against padded forward passes on a CPU: all-MiniLM-L6-v2, 2 threads, the mixed corpus.
 
     python -m bench.packed [--texts 256] [--rounds 4] [--out bench/results/packed.json]
+    python -m bench.packed --end-to-end   # packed and default builds through TorchServe, in turns
 
 1. Attention kernels for a packed pass (handler/packed.py), on the model's attention shape (12
    heads of 32) and random q, k, v: one SDPA call per input, SDPA over jagged nested tensors,
@@ -230,12 +231,37 @@ def compare_engines(model_dir: Path, texts: list[str], rounds: int) -> dict:
         }
 
 
+def end_to_end(seconds: float, pairs: int = 2) -> list[dict]:
+    """Packed and default (ONNX Runtime, padded) builds served by the real TorchServe in turns,
+    `pairs` times: the mixed corpus, one text per request, at 1 and 64 clients."""
+    from bench.run import _end_to_end
+
+    model_dir = fetch_default_model()
+    tokenizer = load_tokenizer(model_dir / "tokenizer.json")
+    corpora = {"mixed": mixed_corpus(model_dir / "tokenizer.json", 2048)}
+    tokens = {"mixed": [len(tokenizer.encode(text).ids) for text in corpora["mixed"]]}
+    runs = []
+    for settings in (["packed=true"], []) * pairs:
+        rows = _end_to_end("float32", corpora, tokens, [("mixed", 1, 1), ("mixed", 64, 1)], seconds, settings=settings)
+        runs.append({"build": settings[0] if settings else "default",
+                     "rows": [{key: row[key] for key in ("concurrency", "texts_per_s", "p50_ms", "p99_ms")} for row in rows]})
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.packed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=256, help="mixed-corpus texts embedded per engine")
     parser.add_argument("--rounds", type=int, default=4, help="rounds; each candidate keeps its best")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "packed.json")
+    parser.add_argument("--end-to-end", action="store_true",
+                        help="instead: packed and default builds through TorchServe in turns (needs Java; ~10 min)")
+    parser.add_argument("--out", type=Path, help="default: bench/results/packed.json, or packed_e2e.json")
     args = parser.parse_args(argv)
+    if args.end_to_end:
+        out = args.out or REPO / "bench" / "results" / "packed_e2e.json"
+        out.write_text(json.dumps(end_to_end(seconds=10.0), indent=2))
+        print(f"wrote {out}", file=sys.stderr)
+        return 0
+    args.out = args.out or REPO / "bench" / "results" / "packed.json"
 
     torch.set_num_threads(THREADS)
     model_dir = fetch_default_model()

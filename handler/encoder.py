@@ -291,15 +291,19 @@ class Encoder:
             packed = PackedPasses(transformer, self.pooling.modes, self.head, self.placement.max_batch_tokens,
                                   self.max_batch_size)
             rows = _probe_rows(self.pad_id, self.model.config.vocab_size, self.max_positions or 512)
-            with torch.inference_mode():
-                cosine = torch.nn.functional.cosine_similarity(
-                    packed.run(packed.prepare(rows, None)), self._pooled(*self._pad(rows, None))).min()
             floor = PACKED_MIN_COSINE[self.placement.dtype]
-            if cosine >= floor:
-                log.info("packed passes (attention: %s), verified against padded: min cosine %.6f",
-                         transformer.attention_kernel, cosine)
-                return packed
-            reason = f"its vectors differ from the padded pass's (min cosine {cosine:.6f} < {floor})"
+            try:
+                with torch.inference_mode():
+                    cosine = float(torch.nn.functional.cosine_similarity(
+                        packed.run(packed.prepare(rows, None)), self._pooled(*self._pad(rows, None))).min())
+            except Exception as err:  # e.g. an attention kernel this device or torch build lacks
+                reason = f"its check failed ({type(err).__name__}: {str(err)[:200]})"
+            else:
+                if cosine >= floor:
+                    log.info("packed passes (attention: %s), verified against padded: min cosine %.6f",
+                             transformer.attention_kernel, cosine)
+                    return packed
+                reason = f"its vectors differ from the padded pass's (min cosine {cosine:.6f} < {floor})"
         log.warning("packed passes unavailable for this model: %s; passes are padded", reason)
         return PaddedPasses(self)
 

@@ -92,7 +92,8 @@ class Settings:
     # Run passes packed (handler/packed.py): the real tokens of a pass concatenated, no padding
     # computed, on the torch engine; used where the architecture is supported (BERT, RoBERTa,
     # XLM-R, MPNet) and a start-up check agrees with the padded pass, else passes are padded.
-    # Off by default: on a CPU ONNX Runtime's padded passes measured faster (docs/performance.md);
+    # Off by default: on a CPU ONNX Runtime's padded passes measured faster end to end
+    # (docs/performance.md);
     # on a GPU it is not measured yet (make bench-gpu).
     packed: bool = False
     # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded

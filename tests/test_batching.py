@@ -65,8 +65,9 @@ def _plan_cost(lengths, plan, overhead):
     return sum(overhead + max(lengths[i] for i in batch) * len(batch) for batch in plan)
 
 
-def _cheapest_cost(lengths, max_batch_tokens, max_batch_size, overhead):
-    """Every cut of the length-sorted items into consecutive passes, by brute force."""
+def _cheapest_cost(lengths, max_batch_tokens, max_batch_size, price):
+    """Every cut of the length-sorted items into consecutive passes, by brute force; a pass of
+    `size` items padded to `longest` costs price(longest, size)."""
     ordered = sorted(lengths, reverse=True)
     best = [0.0] + [float("inf")] * len(ordered)
     for end in range(1, len(ordered) + 1):
@@ -74,7 +75,7 @@ def _cheapest_cost(lengths, max_batch_tokens, max_batch_size, overhead):
             size = end - begin
             if size > max_batch_size or (size > 1 and ordered[begin] * size > max_batch_tokens):
                 continue
-            best[end] = min(best[end], best[begin] + overhead + ordered[begin] * size)
+            best[end] = min(best[end], best[begin] + price(ordered[begin], size))
     return best[-1]
 
 
@@ -86,7 +87,8 @@ def test_plan_is_the_cheapest_cut_of_the_sorted_items(seed):
     plan = plan_sub_batches(lengths, max_batch_tokens=256, max_batch_size=6, pass_overhead_tokens=overhead)
     assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
     assert all(len(b) <= 6 and (len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 256) for b in plan)
-    assert _plan_cost(lengths, plan, overhead) == _cheapest_cost(lengths, 256, 6, overhead)
+    assert _plan_cost(lengths, plan, overhead) == _cheapest_cost(lengths, 256, 6,
+                                                                 lambda longest, size: overhead + longest * size)
 
 
 def test_dear_passes_are_filled_and_cheap_ones_follow_the_lengths():
@@ -148,19 +150,12 @@ def _replay_cost(lengths, plan, buckets, overhead, replay_overhead, pad_multiple
     return total
 
 
-def _cheapest_replay_cost(lengths, max_batch_tokens, max_batch_size, buckets, overhead, replay_overhead):
-    """Every cut of the length-sorted items into consecutive passes, by brute force."""
-    ordered = sorted(lengths, reverse=True)
-    best = [0.0] + [float("inf")] * len(ordered)
-    for end in range(1, len(ordered) + 1):
-        for begin in range(end):
-            size = end - begin
-            if size > max_batch_size or (size > 1 and ordered[begin] * size > max_batch_tokens):
-                continue
-            bucket = _bucket_tokens(buckets, size, ordered[begin])
-            price = replay_overhead + bucket if bucket else overhead + ordered[begin] * size
-            best[end] = min(best[end], best[begin] + price)
-    return best[-1]
+def _replay_price(buckets, overhead, replay_overhead):
+    """A pass's cost where a bucket holds it: replayed at the bucket's tokens, else eager."""
+    def price(longest, size):
+        bucket = _bucket_tokens(buckets, size, longest)
+        return replay_overhead + bucket if bucket else overhead + longest * size
+    return price
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -175,7 +170,7 @@ def test_plan_with_buckets_is_the_cheapest_cut_at_bucket_prices(seed):
     assert sorted(i for batch in plan for i in batch) == list(range(len(lengths)))
     assert all(len(b) <= 100 and (len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 4096) for b in plan)
     assert _replay_cost(lengths, plan, buckets, overhead, replay_overhead) == \
-        _cheapest_replay_cost(lengths, 4096, 100, buckets, overhead, replay_overhead)
+        _cheapest_cost(lengths, 4096, 100, _replay_price(buckets, overhead, replay_overhead))
 
 
 def _mixed_corpus(rng, count):

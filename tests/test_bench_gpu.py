@@ -40,9 +40,13 @@ def test_cpu_mode_reports_every_section(results):
 
 def test_correctness_rows_are_sane(results):
     correctness = results[0]["correctness"]
-    assert set(correctness["modes"]) == {"float32_eager", "bfloat16_eager"}  # graphs are CUDA-only
+    assert set(correctness["modes"]) == {"float32_eager", "bfloat16_eager", "float32_packed"}  # graphs: CUDA only
     fp32, bf16 = correctness["modes"]["float32_eager"], correctness["modes"]["bfloat16_eager"]
     assert fp32["min_cosine"] > 0.99999 and fp32["nan_rows"] == 0  # padded batches equal one text at a time
+    packed = correctness["modes"]["float32_packed"]
+    assert packed["min_cosine"] > 0.9999 and packed["nan_rows"] == 0
+    assert results[0]["engines"]["float32_packed"]["layout"] == "packed"
+    assert results[0]["packed"]["packed"]["real_over_computed_tokens"] == 1.0
     assert 0.99 < bf16["min_cosine"] <= bf16["mean_cosine"] <= 1.0 and bf16["nan_rows"] == 0
     cases = correctness["adversarial"]
     assert set(cases) == {"one_row_in_large_bucket", "lengths_2_and_256_in_one_pass", "small_large_small_replays",
@@ -68,10 +72,11 @@ def test_speed_rows_and_targets(results):
     assert handled["statuses"] == {"200": report["plan"]["saturation_texts"]}
     assert {"prepare", "model", "encode"} <= set(handled["ms_per_batch"]) and handled["host_over_model"] > 0
     targets = {row["target"]: row for row in report["targets"]}
-    assert len(targets) == 7
+    assert len(targets) == 9
     assert all(set(row) == {"target", "measured", "goal", "met", "applicable"} for row in targets.values())
     applicable = [row for row in targets.values() if row["applicable"]]
-    assert len(applicable) == 2 and all(row["met"] for row in applicable)  # cosine and NaN hold on CPU too
+    # Cosine, NaN and packed passes' real / computed tokens hold on CPU too.
+    assert len(applicable) == 3 and all(row["met"] for row in applicable)
     assert all(row["met"] is None for row in targets.values() if not row["applicable"])
 
 

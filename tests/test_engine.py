@@ -245,6 +245,14 @@ def test_packed_passes_fall_back_to_padded_where_unsupported_or_unverified(famil
         assert make_engine(tiny_model_dir, packed=True).info()["layout"] == "padded"
     assert "its vectors differ from the padded pass's" in caplog.text
 
+    def no_kernel(self, *args):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(PackedTransformer, "__call__", no_kernel)
+    with caplog.at_level("WARNING"):
+        assert make_engine(tiny_model_dir, packed=True).info()["layout"] == "padded"
+    assert "its check failed (RuntimeError: no kernel image" in caplog.text
+
 
 def test_packed_out_of_memory_splits_the_pass(tiny_model_dir, monkeypatch):
     from handler.encoder import FAULTS_ENV
