@@ -169,9 +169,9 @@ class GraphRunner:
         return None
 
     def computed_tokens(self, rows: int, length: int) -> int:
-        """Tokens the device computes for a (rows, length) pass: its bucket's if one holds it."""
-        bucket = choose(self.buckets, rows, length)
-        return rows * length if bucket is None else bucket.tokens
+        """Tokens the device computes for a (rows, length) pass: its bucket's if one holds it (the
+        planner's own table), else its own."""
+        return self.table.bucket_tokens(rows, length) or rows * length
 
     def run(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Pooled output of the pass: a view of a static buffer, valid until the next replay."""
