@@ -56,6 +56,10 @@ GPU_BATCH_TOKENS = 16384
 # A pass of at most this many padded tokens borrows idle CPUs: it ends within about 150 ms on
 # two CPU cores, the longest an owner then waits to get its CPU back.
 LEND_MAX_TOKENS = 1024
+# A pass expected to take less than this on the worker's own threads does not borrow: handing
+# work between threads then costs more than a second core saves (a tiny BERT's 1x12 pass took
+# 81 us on one ONNX Runtime thread, 151 us on two). The speed measured at warm-up sets the bar.
+LEND_MIN_S = 0.002
 # The timing passes behind the planner's pass cost: one short input, and this many tokens ...
 CALIBRATION_TOKENS = 512
 # ... or on a GPU, half and all of max_batch_tokens, in inputs of this length.
@@ -255,6 +259,7 @@ class Encoder:
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
         self.lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
+        self.lend_min_tokens = 0  # padded tokens a pass needs to borrow CPUs (measure_speed sets it)
         # The torch model (None under ONNX Runtime) and what runs the transformer: (batch, seq)
         # ids and attention mask -> (batch, seq, hidden) states.
         self.model: torch.nn.Module | None = None
@@ -366,8 +371,9 @@ class Encoder:
 
     @contextmanager
     def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
-        """Run one pass on this worker's CPUs, plus every idle one unless the pass is long."""
-        if self.lending is None or ids.numel() > LEND_MAX_TOKENS:
+        """Run one pass on this worker's CPUs, plus every idle one unless the pass is long or
+        too short to gain from them."""
+        if self.lending is None or not self.lend_min_tokens <= ids.numel() <= LEND_MAX_TOKENS:
             yield
             return
         with self.lending.borrowing() as borrowed:
@@ -381,7 +387,7 @@ class Encoder:
         """Time passes on this device, its own threads (none borrowed) and dtype: the tokens per
         second of a full pass, and what a pass costs beyond its tokens, in tokens (the planner's
         price of one more pass). With CUDA graphs it also prices a replay, and keeps that price
-        as `replay_overhead_tokens`.
+        as `replay_overhead_tokens`; it sets `lend_min_tokens` from the time of a token.
 
         The time of a token comes from two passes that differ in size: on a CPU a one-input pass
         and a CALIBRATION_TOKENS one; on a GPU, where both would only be launching kernels, half
@@ -402,12 +408,14 @@ class Encoder:
         tokens_per_second = rows * length / full
         if per_token <= 0:  # a noisy neighbour swamped the measurement; keep what we had
             return Speed(self.pass_overhead_tokens, tokens_per_second)
+        overhead_tokens = self._tokens_beyond(short, short_length, per_token)
+        self.lend_min_tokens = max(0, round(LEND_MIN_S / per_token) - overhead_tokens)
         if self.graphs is not None:
             replayed = self._time_pass(1, short_length)
             self.replay_overhead_tokens = self._tokens_beyond(replayed, self.graphs.computed_tokens(1, short_length),
                                                               per_token)
             log.info("a CUDA graph replay costs as much as %d tokens here", self.replay_overhead_tokens)
-        return Speed(self._tokens_beyond(short, short_length, per_token), tokens_per_second)
+        return Speed(overhead_tokens, tokens_per_second)
 
     def _tokens_beyond(self, seconds: float, tokens: int, per_token: float) -> int:
         """What a pass of `tokens` that took `seconds` cost beyond its tokens, in tokens."""

@@ -34,7 +34,7 @@ from handler.model_files import ModelDescription, describe_model
 from handler.pooling import l2_normalize
 from handler.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from handler.settings import Settings
-from handler.tokenization import TextTokenizer
+from handler.tokenization import TextTokenizer, set_parallelism
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class EmbeddingEngine:
     @classmethod
     def load(cls, model_dir: str | Path, settings: Settings, placement: Placement, model_name: str) -> "EmbeddingEngine":
         description = describe_model(model_dir).served_with(settings.pooling)
+        set_parallelism(placement.device.type == "cuda")  # a GPU worker's host cores idle while it computes
         tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case)
         encoder = Encoder(
             model_dir, placement,

@@ -23,7 +23,7 @@ from handler.allocator import FreedMemory, pin_mmap_threshold
 from handler.busy import BusyMark
 from handler.encoder import DeviceFailure, resolve_placement
 from handler.engine import EmbeddingEngine, RawRequest, Response, log_failure
-from handler.metrics import BatchReport, measurements
+from handler.metrics import BatchReport, MetricBuffer, Row
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,8 @@ class EmbeddingHandler:
         self.device_failure: str | None = None
         self.busy: BusyMark | None = None
         self.freed_memory = FreedMemory()
-        self.metric_series: set[tuple[str, tuple[str, ...]]] = set()  # the series this worker has emitted
+        self.metrics = MetricBuffer(self._send_metrics)
+        self.context: Context | None = None  # the latest batch's, which metric lines are sent through
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
@@ -96,7 +97,8 @@ class EmbeddingHandler:
         if self.device_failure is not None:
             responses = self.engine.unavailable(raw, self.device_failure)
             report = BatchReport(requests=len(raw), statuses={503: len(raw)})
-        _record(context, report, self.metric_series)
+        self.context = context
+        self.metrics.add(report)
         self._reply(responses, context)
         return [response.body for response in responses]
 
@@ -110,20 +112,13 @@ class EmbeddingHandler:
             for key, value in response.headers.items():
                 context.set_response_header(idx, key, value)
 
-
-def _record(context: Context, report: BatchReport, emitted: set[tuple[str, tuple[str, ...]]]) -> None:
-    """One metric line per measurement, but a zero for a counter whose series exists already: it
-    would add nothing, and each line costs TorchServe a log record. The first zero is sent, so
-    every series exists (with 0) from the first batch that measures it."""
-    for spec, value, dimension_values in measurements(report):
-        series = (spec.name, dimension_values)
-        if not value and spec.kind == "counter" and series in emitted:
-            continue
-        emitted.add(series)
-        # A fresh list each call: TorchServe appends its default dimensions to the one given.
-        dimensions = [Dimension(name, value) for name, value in zip(spec.dimensions, dimension_values)]
-        context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,
-                                   metric_type=METRIC_TYPES[spec.kind])
+    def _send_metrics(self, rows: list[Row]) -> None:
+        """One TorchServe metric line per row (it tags them with the latest batch's request ids)."""
+        for spec, value, dimension_values in rows:
+            # A fresh list each call: TorchServe appends its default dimensions to the one given.
+            dimensions = [Dimension(name, label) for name, label in zip(spec.dimensions, dimension_values)]
+            self.context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,
+                                            metric_type=METRIC_TYPES[spec.kind])
 
 
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:

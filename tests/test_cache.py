@@ -10,11 +10,12 @@ import pytest
 
 from handler.cache import ENTRY_OVERHEAD_BYTES, REDIS_URL_ENV, MemoryCache
 from handler.engine import RawRequest
+from handler.metrics import COUNTER_FLUSH_S
 from handler.settings import SettingsError
 from tests.conftest import build, make_engine, make_server_config, serving
 from tests.redis_server import RedisServer
 from tests.test_engine import TEXTS
-from tests.test_server import concurrently, metric_growth, metric_samples, predict, vectors
+from tests.test_server import concurrently, metric_growth, metric_samples, metric_samples_after, predict, vectors
 
 TTL_S = 600
 
@@ -202,13 +203,12 @@ def test_cache_through_torchserve(cached_server, redis_server, tiny_engine):
     expected = [matrix(embed(tiny_engine, b)[1]) for b in bodies]
     for response, reference in zip(first, expected):
         np.testing.assert_allclose(vectors(response), reference, atol=1e-5)
-    time.sleep(1)
+    time.sleep(COUNTER_FLUSH_S + 1)  # the first round's counters are all sent
     before = metric_samples(cached_server)
     second = concurrently([lambda b=b: predict(cached_server, b) for b in bodies])
     for response, reference in zip(second, expected):
         np.testing.assert_allclose(vectors(response), reference, atol=1e-5)
-    time.sleep(1)
-    after = metric_samples(cached_server)
+    after = metric_samples_after(cached_server, before, requests=len(bodies))
 
     def grown(name, label=""):
         return metric_growth(before, after, name, label)

@@ -13,6 +13,7 @@ import openai
 import pytest
 import requests
 
+from handler.metrics import COUNTER_FLUSH_S
 from tests.conftest import TINY_BATCH_SIZE, make_engine
 from tests.test_engine import TEXTS
 
@@ -330,6 +331,19 @@ def metric_samples(server, model="tiny") -> dict[tuple[str, str], float]:
     return samples
 
 
+def metric_samples_after(server, before, requests, model="tiny"):
+    """The samples once the counters show `requests` more requests: counters arrive summed, at
+    most COUNTER_FLUSH_S after their batch (handler/metrics.py)."""
+    deadline = time.monotonic() + 10
+    while True:
+        time.sleep(COUNTER_FLUSH_S + 0.2)
+        after = metric_samples(server, model)
+        counted = sum(v for (name, _), v in after.items() if name == "EmbedRequests") \
+            - sum(v for (name, _), v in before.items() if name == "EmbedRequests")
+        if counted >= requests or time.monotonic() > deadline:
+            return after
+
+
 def metric_growth(before, after, name, label=""):
     """How much the samples of `name` whose labels contain `label` grew."""
     keys = [k for k in after if k[0] == name and label in k[1]]
@@ -342,8 +356,7 @@ def test_handler_metrics_reach_prometheus(server):
     responses = concurrently([lambda i=i: predict(server, {"input": [f"metric text {i}", "hello world"]})
                               for i in range(6)] + [lambda: predict(server, {"input": []})])
     assert [r.status_code for r in responses] == [200] * 6 + [400]
-    time.sleep(1)
-    after = metric_samples(server)
+    after = metric_samples_after(server, before, requests=7)
 
     def grown(name, label=""):
         return metric_growth(before, after, name, label)
