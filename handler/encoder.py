@@ -38,6 +38,7 @@ from handler.packed import PackedPasses, PackedTransformer, packed_support
 from handler.onnx_runtime import is_out_of_memory as _onnx_out_of_memory
 from handler.pooling import PROMPT, pool
 from handler.settings import Settings
+from handler.transfer import to_device
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +338,8 @@ class Encoder:
         """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order.
         `unpooled[i]`: how many of item i's first tokens pooling leaves out (an excluded prompt)."""
         lengths = [len(ids) for ids in token_ids]
-        out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32)
+        device = self.placement.device
+        out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32, device=device)
         pending = self.passes.plan(lengths)
         padded = passes = 0
         too_large: set[int] = set()
@@ -348,7 +350,8 @@ class Encoder:
                                              [unpooled[i] for i in indices] if unpooled else None)
                 try:
                     with self._cpus_for_pass(inputs[0]):
-                        out[indices] = self._forward(inputs)
+                        # A copy on the device: a replayed graph's output buffer is overwritten by the next.
+                        out[to_device(np.asarray(indices, dtype=np.int64), device)] = self._forward(inputs)
                 except Exception as err:
                     if not _is_out_of_memory(err):
                         if _is_device_failure(err):
@@ -366,8 +369,20 @@ class Encoder:
                     continue
                 padded += self.passes.computed_tokens(inputs)
                 passes += 1
-        return Embedded(out, real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
+        return Embedded(self._to_host(out), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
+
+    @staticmethod
+    def _to_host(vectors: torch.Tensor) -> torch.Tensor:
+        """The batch's vectors on the CPU: on a GPU the one copy, and the one wait, of the batch."""
+        if vectors.device.type == "cpu":
+            return vectors
+        try:
+            return vectors.cpu()
+        except Exception as err:  # an asynchronous CUDA error of any pass surfaces here
+            if _is_device_failure(err):
+                raise DeviceFailure(str(err)) from err
+            raise
 
     @contextmanager
     def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
@@ -445,7 +460,7 @@ class Encoder:
     def _forward(self, inputs: tuple) -> torch.Tensor:
         if self.faults is not None:
             self.faults.check(inputs[0])
-        return self.passes.run(inputs).cpu()  # a copy: a replayed graph's output buffer is overwritten by the next
+        return self.passes.run(inputs)
 
     def _run_pass(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.graphs.run(ids, mask) if self.graphs is not None else self._pooled(ids, mask)
@@ -476,8 +491,7 @@ class Encoder:
         mask = real.astype(np.int64)
         if unpooled:
             mask[positions < np.minimum(np.asarray(unpooled, dtype=np.int64), sizes)[:, None]] = PROMPT
-        device = self.placement.device
-        return torch.from_numpy(ids).to(device, non_blocking=True), torch.from_numpy(mask).to(device, non_blocking=True)
+        return to_device(ids, self.placement.device), to_device(mask, self.placement.device)
 
 
 class PaddedPasses:

@@ -46,6 +46,7 @@ from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
 
 from handler.batching import plan_packed
 from handler.model_files import POOLING_MODES
+from handler.transfer import to_device
 
 # The architectures whose forward this module reproduces, by exact class: a subclass may change it.
 SUPPORTED = (BertModel, RobertaModel, XLMRobertaModel, MPNetModel)
@@ -97,7 +98,8 @@ def pack(rows: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> P
     ids = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total)
     cu_seqlens = np.zeros(len(rows) + 1, dtype=np.int32)  # int32: what flash attention reads
     np.cumsum(lengths, out=cu_seqlens[1:])
-    return Packed(torch.from_numpy(ids).to(device), torch.from_numpy(cu_seqlens).to(device), int(lengths.max()))
+    device = torch.device(device)
+    return Packed(to_device(ids, device), to_device(cu_seqlens, device), int(lengths.max()))
 
 
 @dataclass(frozen=True)
@@ -364,7 +366,7 @@ class PackedPasses:
     def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PackedInputs:
         device = self.transformer.device
         packed = pack(rows, device)
-        prompts = None if unpooled is None else torch.as_tensor(unpooled, dtype=torch.int64).to(device)
+        prompts = None if unpooled is None else to_device(np.asarray(unpooled, dtype=np.int64), device)
         return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts)
 
     def run(self, inputs: PackedInputs) -> torch.Tensor:

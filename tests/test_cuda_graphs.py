@@ -308,3 +308,35 @@ def test_torch_compile_gives_the_eager_results(tiny_model_dir):
         ids = eager.token_ids(texts)
         torch.testing.assert_close(compiled.encoder.embed(ids).vectors, eager.encoder.embed(ids).vectors,
                                    atol=1e-5, rtol=1e-4)
+
+
+def test_inputs_go_to_the_gpu_through_pinned_memory_without_waiting():
+    """On a CPU the array is used as it is; for a GPU it is pinned, then copied asynchronously (a
+    stand-in for the device: the real copy runs only in `make bench-gpu`)."""
+    import numpy as np
+
+    from handler.transfer import to_device
+
+    array = np.arange(6, dtype=np.int64)
+    assert to_device(array, torch.device("cpu")).data_ptr() == array.ctypes.data
+    calls = []
+    pinned = mock.Mock()
+    pinned.to.side_effect = lambda device, non_blocking: calls.append((device, non_blocking)) or "on the gpu"
+    with mock.patch.object(torch.Tensor, "pin_memory", lambda self: pinned):
+        assert to_device(array, torch.device("cuda", 1)) == "on the gpu"
+    assert calls == [(torch.device("cuda", 1), True)]
+
+
+def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
+    from handler.encoder import DeviceFailure, Encoder
+
+    vectors = mock.Mock()
+    vectors.device = torch.device("cuda", 0)
+    vectors.cpu.side_effect = RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(DeviceFailure):
+        Encoder._to_host(vectors)
+    vectors.cpu.side_effect = RuntimeError("something else")
+    with pytest.raises(RuntimeError, match="something else"):
+        Encoder._to_host(vectors)
+    on_cpu = torch.zeros(2, 3)
+    assert Encoder._to_host(on_cpu) is on_cpu
