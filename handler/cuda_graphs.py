@@ -70,38 +70,39 @@ def choose(buckets: Sequence[Bucket], batch: int, length: int) -> Bucket | None:
     return min(fitting, key=lambda b: (b.tokens, b.length), default=None)
 
 
-class StaticGraph:
-    """One bucket: static input buffers, and a replay that leaves the pooled output in `output`."""
+class StaticPass:
+    """One captured shape: static input buffers on `device`, and a replay that leaves the pass's
+    output in `output`. A subclass makes the buffers and says what `compute` runs on them;
+    `bucket` names the shape and its `tokens`."""
 
-    def __init__(self, bucket: Bucket, forward: Forward, pad_id: int, device: torch.device):
+    def __init__(self, bucket: object, device: torch.device):
         self.bucket = bucket
-        self.pad_id = pad_id
-        self.ids = torch.full((bucket.batch, bucket.length), pad_id, dtype=torch.long, device=device)
-        self.mask = torch.zeros_like(self.ids)
-        self.mask[:, 0] = 1  # rows that carry no input still attend to one token: no NaNs
-        self.forward = forward
+        self.device = device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: torch.Tensor | None = None
+
+    def compute(self) -> torch.Tensor:
+        """The eager pass over the static buffers: what the graph records."""
+        raise NotImplementedError
 
     def warm_up(self) -> int:
         """Run the pass eagerly on the current stream, as capture requires (lazy initialization
         happens outside it); return the most memory the pass held at once, in bytes."""
-        device = self.ids.device
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
         for _ in range(2):
-            self.forward(self.ids, self.mask)
-        return torch.cuda.max_memory_allocated(device) - before
+            self.compute()
+        return torch.cuda.max_memory_allocated(self.device) - before
 
     def capture(self, pool: object) -> None:
         """Capture the pass on the current stream into the memory pool `pool`. On failure the
-        forward's own error is raised, with the stream out of capture mode again."""
-        torch.cuda.synchronize(self.ids.device)
+        pass's own error is raised, with the stream out of capture mode again."""
+        torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         graph.capture_begin(pool=pool)
         try:
-            output = self.forward(self.ids, self.mask)
+            output = self.compute()
         except BaseException:
             with suppress(RuntimeError):  # ending an invalidated capture raises an error of its own
                 graph.capture_end()
@@ -111,6 +112,21 @@ class StaticGraph:
 
     def replay(self) -> None:
         self.graph.replay()
+
+
+class StaticGraph(StaticPass):
+    """One (batch, length) bucket of padded passes: static ids and mask, the pooled output."""
+
+    def __init__(self, bucket: Bucket, forward: Forward, pad_id: int, device: torch.device):
+        super().__init__(bucket, device)
+        self.pad_id = pad_id
+        self.ids = torch.full((bucket.batch, bucket.length), pad_id, dtype=torch.long, device=device)
+        self.mask = torch.zeros_like(self.ids)
+        self.mask[:, 0] = 1  # rows that carry no input still attend to one token: no NaNs
+        self.forward = forward
+
+    def compute(self) -> torch.Tensor:
+        return self.forward(self.ids, self.mask)
 
     def run(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Copy the pass into the static buffers, replay, and return the real rows."""
@@ -141,13 +157,15 @@ class GraphRunner:
                 graph_type: type[StaticGraph] = StaticGraph) -> "GraphRunner":
         """The graphs of the buckets whose pass needs at most max_bytes and whose capture works,
         on `device`; none at all if a replay strays from eager by more than `tolerance`."""
-        with _current(device):
-            runner = cls(_capture_all(forward, buckets, pad_id, device, max_bytes, graph_type), forward)
+        with current_device(device):
+            graphs = capture_all([graph_type(bucket, forward, pad_id, device) for bucket in buckets], device,
+                                 max_bytes)
+            runner = cls(graphs, forward)
             failure = runner.replay_failure(vocab_size, tolerance)
         if failure is not None:
             log.error("CUDA graphs: %s; every graph is dropped and this worker runs eagerly", failure)
             runner = cls({}, forward)  # the graphs go with the old runner
-            _release_memory(device)
+            release_memory(device)
         return runner
 
     def replay_failure(self, vocab_size: int, tolerance: float) -> str | None:
@@ -160,11 +178,11 @@ class GraphRunner:
             for _ in range(2):
                 ids, mask = _random_pass(bucket, vocab_size, graph.pad_id, generator, graph.ids.device)
                 output = graph.run(ids, mask).clone()  # the next replay overwrites the buffer
-                error = _relative_error(output, self.forward(ids, mask))
+                error = relative_error(output, self.forward(ids, mask))
                 if not error <= tolerance:
                     return f"bucket {bucket} replays a padded pass unlike the eager pass (error {error:.3g})"
                 replayed.append(output)
-            if _relative_error(*replayed) <= tolerance:
+            if relative_error(*replayed) <= tolerance:
                 return f"bucket {bucket} replays two distinct inputs to the same output"
         return None
 
@@ -183,13 +201,13 @@ class GraphRunner:
         return self.graphs[bucket].run(ids, mask)
 
 
-def _capture_all(forward: Forward, buckets: Sequence[Bucket], pad_id: int, device: torch.device, max_bytes: int,
-                 graph_type: type[StaticGraph]) -> dict[Bucket, StaticGraph]:
-    smallest_first = sorted(buckets, key=lambda bucket: (bucket.tokens, bucket))
-    graphs = [graph_type(bucket, forward, pad_id, device) for bucket in smallest_first]
+def capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: int) -> dict:
+    """Warm up, then capture, the static passes of `device` (steps 1 and 2 above): their
+    buckets -> the graphs captured, with a warning for each that runs eagerly instead."""
+    smallest_first = sorted(graphs, key=lambda graph: (graph.bucket.tokens, graph.bucket))
     with _side_stream(device):
-        affordable = [graph for graph in graphs if _warmed_up_within(graph, max_bytes)]
-        _release_memory(device)  # what the warm-ups cached, for the graphs' pool to take
+        affordable = [graph for graph in smallest_first if _warmed_up_within(graph, max_bytes)]
+        release_memory(device)  # what the warm-ups cached, for the graphs' pool to take
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         # Largest first: the first graph sizes the shared pool, the later ones fit inside it.
         captured = {graph.bucket: graph for graph in reversed(affordable) if _captured(graph, pool)}
@@ -203,7 +221,7 @@ def _warmed_up_within(graph: StaticGraph, max_bytes: int) -> bool:
         needed = graph.warm_up()
     except Exception as err:  # out of memory, most likely; whatever the cause, this bucket runs eagerly
         log.warning("CUDA graphs: bucket %s runs eagerly: warm-up failed (%s)", graph.bucket, _one_line(err))
-        _release_memory(graph.ids.device)
+        release_memory(graph.device)
         return False
     if needed > max_bytes:
         log.warning("CUDA graphs: bucket %s runs eagerly: its pass needs %d MiB, over the %d MiB cap",
@@ -217,7 +235,7 @@ def _captured(graph: StaticGraph, pool: object) -> bool:
         graph.capture(pool)
     except Exception as err:  # whatever the cause, this bucket runs eagerly
         log.warning("CUDA graphs: bucket %s runs eagerly: capture failed (%s)", graph.bucket, _one_line(err))
-        _release_memory(graph.ids.device)
+        release_memory(graph.device)
         return False
     return True
 
@@ -234,13 +252,13 @@ def _random_pass(bucket: Bucket, vocab_size: int, pad_id: int, generator: torch.
     return ids.to(device), real.long().to(device)
 
 
-def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest distance between a row of `a` and the same row of `b`, relative to the latter's norm."""
     return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=1e-12)).max())
 
 
 @contextmanager
-def _current(device: torch.device) -> Iterator[None]:
+def current_device(device: torch.device) -> Iterator[None]:
     """`device` current for the block: new streams and kernels without a device of their own land
     on it, not on GPU 0. Nothing for the tests' CPU stand-ins."""
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
@@ -261,7 +279,7 @@ def _side_stream(device: torch.device) -> Iterator[None]:
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
-def _release_memory(device: torch.device) -> None:
+def release_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

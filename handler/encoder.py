@@ -34,7 +34,8 @@ from handler.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner, ladder
 from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
 from handler.onnx_runtime import OnnxTransformer, onnx_file
-from handler.packed import PackedPasses, PackedTransformer, packed_support
+from handler.packed import VARLEN_FLASH, PackedPasses, PackedTransformer, packed_support
+from handler.packed_graphs import PackedGraphRunner, token_ladder
 from handler.onnx_runtime import is_out_of_memory as _onnx_out_of_memory
 from handler.pooling import PROMPT, pool
 from handler.settings import Settings
@@ -84,7 +85,8 @@ class Placement:
     lend_cpus: int = 0
     # Under int8: the Linear layers torch keeps in float32 (the rest are quantized). None: no int8.
     int8_fp32_layers: tuple[str, ...] | None = None
-    # CUDA graph buckets to capture, largest first (empty: eager only), and their memory cap.
+    # CUDA graphs: on or off; the buckets of padded passes, largest first; their memory cap.
+    cuda_graphs: bool = False
     cuda_graph_buckets: tuple[Bucket, ...] = ()
     cuda_graph_max_bytes: int = 0
     compile: bool = False
@@ -120,14 +122,15 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
     max_batch_tokens = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
     if settings.cuda_graphs and not on_gpu:
         log.warning("handler setting 'cuda_graphs' needs a CUDA device; this %s worker runs eagerly", device)
-    buckets = ladder(settings.cuda_graph_batches, settings.cuda_graph_lengths, max_batch_tokens) \
-        if settings.cuda_graphs and on_gpu else []
+    graphs = settings.cuda_graphs and on_gpu
+    buckets = ladder(settings.cuda_graph_batches, settings.cuda_graph_lengths, max_batch_tokens) if graphs else []
     engine = _resolve_engine(settings, on_gpu, dtype, int8, model_dir)
     return Placement(
         device, dtype, threads, lend_cpus=cpus if lend else 0,
         max_batch_tokens=max_batch_tokens,
         pad_multiple=GPU_PAD_MULTIPLE if on_gpu else 1,
         int8_fp32_layers=settings.int8_fp32_layers if int8 else None,
+        cuda_graphs=graphs,
         cuda_graph_buckets=tuple(buckets),
         cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
         compile=settings.compile,
@@ -276,17 +279,33 @@ class Encoder:
         self.graphs: GraphRunner | None = None
         # How passes are laid out and run: packed where asked for and verified, else padded.
         self.passes: PaddedPasses | PackedPasses = self._packed_passes() if placement.packed else PaddedPasses(self)
-        if placement.packed and isinstance(self.passes, PackedPasses) and placement.cuda_graph_buckets:
-            log.warning("packed passes run eagerly: CUDA graphs are captured for padded passes only")
-        elif placement.cuda_graph_buckets:
+        if placement.cuda_graphs:
             with torch.inference_mode():
-                # No bucket longer than the position embeddings: its warm-up would index past them.
-                buckets = [b for b in placement.cuda_graph_buckets if b.length <= (max_positions or b.length)]
-                runner = GraphRunner.capture(self._pooled, buckets, pad_id=pad_id,
-                                             vocab_size=self.model.config.vocab_size, device=placement.device,
-                                             max_bytes=placement.cuda_graph_max_bytes,
-                                             tolerance=REPLAY_TOLERANCE[placement.dtype])
-            self.graphs = runner if runner.buckets else None  # no graph left: every pass runs eagerly
+                self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        """CUDA graphs for this encoder's passes: by (batch, length) bucket for padded passes
+        (handler/cuda_graphs.py), by total tokens for packed ones (handler/packed_graphs.py).
+        Where none is left, every pass runs eagerly."""
+        placement, vocab_size = self.placement, self.model.config.vocab_size
+        common = dict(pad_id=self.pad_id, vocab_size=vocab_size, device=placement.device,
+                      max_bytes=placement.cuda_graph_max_bytes, tolerance=REPLAY_TOLERANCE[placement.dtype])
+        if isinstance(self.passes, PackedPasses):
+            kernel = self.passes.transformer.attention_kernel
+            if kernel != VARLEN_FLASH:  # the grouped SDPA reads the offsets on the host: not capturable
+                log.warning("packed passes run eagerly: CUDA graphs need the %s attention kernel; this worker's "
+                            "is %s", VARLEN_FLASH, kernel)
+                return
+            max_len = self.max_positions or placement.max_batch_tokens
+            largest = min(placement.max_batch_tokens, self.max_batch_size * max_len)
+            packed = PackedGraphRunner.capture(self.passes.run_eager, token_ladder(largest),
+                                               max_inputs=self.max_batch_size, max_len=max_len, **common)
+            self.passes.graphs = packed if packed.graphs else None
+            return
+        # No bucket longer than the position embeddings: its warm-up would index past them.
+        buckets = [b for b in placement.cuda_graph_buckets if b.length <= (self.max_positions or b.length)]
+        runner = GraphRunner.capture(self._pooled, buckets, **common)
+        self.graphs = runner if runner.buckets else None
 
     def _packed_passes(self) -> "PaddedPasses | PackedPasses":
         """The packed layout if this model supports it and agrees with the padded one on a few
@@ -313,12 +332,17 @@ class Encoder:
         log.warning("packed passes unavailable for this model: %s; passes are padded", reason)
         return PaddedPasses(self)
 
-    def layout(self) -> dict[str, str]:
-        """How this encoder runs its passes, for /info."""
+    def layout(self) -> dict[str, str | int]:
+        """How this encoder runs its passes, for /info: padded or packed, the attention kernel,
+        and how many CUDA graphs it replays (0: every pass runs eagerly)."""
         if isinstance(self.passes, PackedPasses):
-            return {"layout": "packed", "attention": self.passes.transformer.attention_kernel}
-        return {"layout": "padded", "attention": "onnxruntime" if self.model is None else
-                getattr(self.model.config, "_attn_implementation", None) or "eager"}
+            graphs = self.passes.graphs
+            layout = {"layout": "packed", "attention": self.passes.transformer.attention_kernel}
+        else:
+            graphs = self.graphs
+            layout = {"layout": "padded", "attention": "onnxruntime" if self.model is None else
+                      getattr(self.model.config, "_attn_implementation", None) or "eager"}
+        return {**layout, "cuda_graphs": 0 if graphs is None else len(graphs.graphs)}
 
     def _load_model(self) -> torch.nn.Module:
         kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)

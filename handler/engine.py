@@ -180,7 +180,7 @@ class EmbeddingEngine:
             "model_dtype": "int8" if placement.int8 else str(placement.dtype).removeprefix("torch."),
             "device": str(placement.device),
             "engine": placement.engine,
-            **self.encoder.layout(),  # "layout": padded or packed, and the attention kernel
+            **self.encoder.layout(),  # "layout": padded or packed; the attention kernel; CUDA graphs
             "embedding_dimension": self.encoder.dimension,
             "max_input_length": self.max_length,
             "architecture": self.description.model_type,

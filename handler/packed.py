@@ -138,6 +138,7 @@ def length_groups(cu_seqlens: torch.Tensor, ratio: float = GROUP_LENGTH_RATIO) -
     offsets = cu_seqlens.cpu().numpy().astype(np.int64)
     starts, lengths = offsets[:-1], np.diff(offsets)
     order = np.argsort(-lengths, kind="stable")
+    order = order[lengths[order] > 0]  # zero-length inputs (a graph's unused slots) attend to nothing
     descending = lengths[order]
     device = cu_seqlens.device
     groups = []
@@ -319,7 +320,7 @@ def pool_packed(hidden: torch.Tensor, cu_seqlens: torch.Tensor, unpooled: Sequen
     for mode in modes:
         if mode == "cls":  # the first pooled token; with none pooled, the first token, as pool's argmax gives
             first = segments.starts + torch.where(skipped < segments.lengths, skipped, 0)
-            outputs.append(states[first])
+            outputs.append(states[first.clamp(max=hidden.shape[0] - 1)])  # a zero-length input starts past the end
         elif mode == "max":
             candidates = states.masked_fill(~pooled.unsqueeze(1), float("-inf"))  # -inf: none pooled, as pool
             outputs.append(states.new_full((count, width), float("-inf")).scatter_reduce_(
@@ -350,7 +351,10 @@ class PackedPasses:
     """The encoder's passes, packed: planned by real tokens, run through a PackedTransformer,
     pooled, then through the pipeline's head. Same protocol as the encoder's padded passes:
     plan(lengths) -> passes of item indices, prepare(rows, unpooled) -> inputs,
-    run(inputs) -> (n, dimension) float32, computed_tokens(inputs)."""
+    run(inputs) -> (n, dimension) float32, computed_tokens(inputs).
+
+    `graphs` (handler/packed_graphs.py's PackedGraphRunner), once the encoder has captured them,
+    replay the passes they hold; the rest run eagerly."""
 
     def __init__(self, transformer: PackedTransformer, modes: Sequence[str], head: torch.nn.Module | None,
                  max_batch_tokens: int, max_batch_size: int):
@@ -359,6 +363,7 @@ class PackedPasses:
         self.head = head
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.graphs = None
 
     def plan(self, lengths: Sequence[int]) -> list[list[int]]:
         return plan_packed(lengths, self.max_batch_tokens, self.max_batch_size)
@@ -371,9 +376,13 @@ class PackedPasses:
 
     def run(self, inputs: PackedInputs) -> torch.Tensor:
         """-> (n, dimension) float32, in the order of the pass's rows."""
+        return self.run_eager(inputs) if self.graphs is None else self.graphs.run(inputs)
+
+    def run_eager(self, inputs: PackedInputs) -> torch.Tensor:
         hidden = self.transformer(inputs.ids, inputs.cu_seqlens, inputs.max_len)  # (total, hidden)
         pooled = pool_packed(hidden, inputs.cu_seqlens, inputs.unpooled, self.modes)  # (n, hidden * modes)
         return pooled if self.head is None else self.head(pooled)
 
     def computed_tokens(self, inputs: PackedInputs) -> int:
-        return inputs.ids.numel()  # real tokens only
+        """Real tokens only, but for the padding of the graph that replays the pass."""
+        return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(inputs)

@@ -93,12 +93,18 @@ def test_targets_of_a_cuda_report(results, tmp_path):
     for model in report["saturation"].values():
         model["dtype"] = "float16"
     report["handle"] = {"float16_eager": report["handle"]["float32_eager"]}
+    # Packed passes eager and replayed from graphs over total tokens, whose padding counts.
+    report["packed"]["packed_graphs"] = {"real_tokens_per_s": 1.0, "real_over_computed_tokens": 0.985,
+                                         "over_float16_eager": 2.0, "over_float16_graphs": 1.7}
 
     targets = check_targets(report)
     assert all(row["applicable"] and isinstance(row["met"], bool) for row in targets)
     cosine, nan, graphs_equal, latency = targets[:4]
     assert cosine["met"] and nan["met"] and graphs_equal["met"]
     assert latency["measured"] == 0.4 and latency["met"]
+    real_over_computed, packed_speedup = targets[-2:]
+    assert real_over_computed["measured"] == 0.985 and not real_over_computed["met"]
+    assert packed_speedup["measured"] == 1.7 and packed_speedup["met"]
 
     report["correctness"]["adversarial"]["distinct_inputs"]["modes"]["float16_graphs"]["graph_replays"] = 0
     assert not check_targets(report)[2]["met"]  # a case that never replayed proves nothing about graphs

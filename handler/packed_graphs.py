@@ -1,0 +1,209 @@
+"""CUDA graphs for packed passes (handler/packed.py), one per size of pass in total tokens.
+
+A packed pass has no batch or length dimension to bucket, only its total tokens, so the ladder
+is one-dimensional: sizes every TOKEN_STEP tokens, then growing by 1 / RESOLUTION of themselves,
+up to the largest pass the planner makes. A pass replays in the smallest size that holds it,
+laid out in the graph's static buffers as:
+
+    ids         (size,)          the pass's tokens, then padding ids
+    cu_seqlens  (slots + 1,)     the pass's offsets; then the padding as inputs of its own (at
+                                 most max_len tokens each), then zero-length inputs up to the
+                                 slots (cu_seqlens repeats the size)
+    unpooled    (slots,)         the pass's prompt counts, then zeros
+    max_len                      fixed per graph: the longest input it takes
+
+Every token belongs to some input, so position ids, attention and pooling run unchanged: the
+padding inputs attend only to themselves and their pooled rows, like the zero-length ones', are
+dropped. What the device computes is the size; the ladder's steps keep that within about 1 /
+RESOLUTION of the real tokens for passes of more than TOKEN_STEP * RESOLUTION tokens.
+
+Capture, memory cap, per-size fallback to eager and the start-up check of replays against the
+eager packed pass are handler/cuda_graphs.py's. Only the flash attention kernel of
+torch.nn.attention.varlen reads its offsets on the device; the grouped SDPA reads them on the
+host, which a capture refuses, so the encoder captures packed graphs only where attention is
+varlen flash (handler/encoder.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from handler.cuda_graphs import StaticPass, capture_all, current_device, relative_error, release_memory
+from handler.packed import PackedInputs, pack
+from handler.transfer import to_device
+
+log = logging.getLogger(__name__)
+
+# The eager packed pass: inputs -> (inputs, dimension) float32 (PackedPasses.run_eager).
+PackedForward = Callable[[PackedInputs], torch.Tensor]
+
+# The ladder: a size every TOKEN_STEP tokens while that step is under 1 / RESOLUTION of the size,
+# then sizes 1 / RESOLUTION apart (rounded up to TOKEN_STEP). Up to 16384 tokens: 111 sizes.
+TOKEN_STEP = 16
+RESOLUTION = 64
+
+
+@dataclass(frozen=True, order=True)
+class TokenBucket:
+    tokens: int
+
+    def __str__(self) -> str:
+        return f"{self.tokens} tokens"
+
+
+def token_ladder(max_tokens: int, step: int = TOKEN_STEP, resolution: int = RESOLUTION) -> list[int]:
+    """Pass sizes in total tokens, smallest first, the last `max_tokens`."""
+    sizes = []
+    size = step
+    while size < max_tokens:
+        sizes.append(size)
+        size += max(step, -(-size // resolution // step) * step)
+    return sizes + [max_tokens]
+
+
+class PackedGraph(StaticPass):
+    """One size of packed pass: static ids, offsets and prompt counts, the pooled output of
+    every slot. Takes at most `inputs` inputs of at most `max_len` tokens, and up to `spare`
+    padding tokens (the ladder's step below this size)."""
+
+    def __init__(self, tokens: int, forward: PackedForward, *, inputs: int, max_len: int, spare: int, pad_id: int,
+                 device: torch.device):
+        super().__init__(TokenBucket(tokens), device)
+        self.tokens = tokens
+        self.forward = forward
+        self.inputs = inputs
+        self.max_len = max_len
+        self.spare = spare
+        self.slots = inputs + math.ceil(spare / max_len)  # the pass's inputs, then padding inputs
+        self.pad_id = pad_id
+        self.ids = torch.full((tokens,), pad_id, dtype=torch.long, device=device)
+        # Until a pass is loaded: the size cut into max_len inputs (warm-up and capture run it).
+        self.cu_seqlens = to_device(self._offsets_after(np.zeros(1, dtype=np.int32)), device)
+        self.unpooled = torch.zeros(self.slots, dtype=torch.long, device=device)
+
+    def compute(self) -> torch.Tensor:
+        return self.forward(PackedInputs(self.ids, self.cu_seqlens, self.max_len, self.unpooled))
+
+    def holds(self, inputs: PackedInputs) -> bool:
+        count, total = inputs.cu_seqlens.numel() - 1, inputs.ids.numel()
+        padding_inputs = math.ceil((self.tokens - total) / self.max_len)
+        return total <= self.tokens and count <= self.inputs and inputs.max_len <= self.max_len and \
+            count + padding_inputs <= self.slots
+
+    def run(self, inputs: PackedInputs) -> torch.Tensor:
+        """Copy the pass into the static buffers, replay, and return its rows of the output."""
+        count, total = inputs.cu_seqlens.numel() - 1, inputs.ids.numel()
+        self.ids[:total].copy_(inputs.ids)
+        self.ids[total:].fill_(self.pad_id)
+        self.cu_seqlens[:count + 1].copy_(inputs.cu_seqlens)
+        # The rest of the offsets depend only on sizes the host knows: no wait for the device.
+        self.cu_seqlens[count + 1:].copy_(to_device(self._tail(total, count), self.device))
+        self.unpooled.zero_()
+        if inputs.unpooled is not None:
+            self.unpooled[:count].copy_(inputs.unpooled)
+        self.replay()
+        return self.output[:count]
+
+    def _tail(self, total: int, count: int) -> np.ndarray:
+        """(slots - count,) int32: the ends of the padding inputs, max_len tokens each but the
+        last, then of the zero-length inputs (the size, repeated)."""
+        ends = total + self.max_len * np.arange(1, self.slots - count + 1, dtype=np.int64)
+        return np.minimum(ends, self.tokens).astype(np.int32)
+
+    def _offsets_after(self, head: np.ndarray) -> np.ndarray:
+        return np.concatenate([head, self._tail(int(head[-1]), len(head) - 1)])
+
+
+class PackedGraphRunner:
+    """The captured sizes of one encoder's packed passes, and the choice between replay and eager."""
+
+    def __init__(self, graphs: dict[TokenBucket, PackedGraph], forward: PackedForward):
+        self.graphs = graphs
+        self.forward = forward  # the eager path, for passes no graph holds
+        self.ladder = [graphs[bucket] for bucket in sorted(graphs)]
+        self.replays = 0
+        self.eager = 0
+
+    @classmethod
+    def capture(cls, forward: PackedForward, sizes: Sequence[int], *, max_inputs: int, max_len: int, pad_id: int,
+                vocab_size: int, device: torch.device, max_bytes: int, tolerance: float,
+                graph_type: type[PackedGraph] = PackedGraph) -> "PackedGraphRunner":
+        """Graphs for the ladder `sizes` (smallest first) whose pass needs at most max_bytes and
+        whose capture works, on `device`; none at all if a replay strays from eager by more than
+        `tolerance`. Passes hold at most `max_inputs` inputs of at most `max_len` tokens."""
+        below = [0, *sizes[:-1]]
+        with current_device(device):
+            graphs = [graph_type(size, forward, inputs=min(max_inputs, size), max_len=min(max_len, size),
+                                 spare=size - smaller, pad_id=pad_id, device=device)
+                      for size, smaller in zip(sizes, below)]
+            runner = cls(capture_all(graphs, device, max_bytes), forward)
+            failure = runner.replay_failure(vocab_size, tolerance)
+        if failure is not None:
+            log.error("CUDA graphs: %s; every graph is dropped and packed passes run eagerly", failure)
+            runner = cls({}, forward)
+            release_memory(device)
+        return runner
+
+    def replay_failure(self, vocab_size: int, tolerance: float) -> str | None:
+        """Why the graphs cannot be trusted, or None: each replays two distinct random passes of
+        mixed lengths that leave it padding and unused slots; both must equal the eager pass and
+        differ from each other."""
+        generator = np.random.default_rng(0)
+        for graph in self.ladder:
+            replayed = []
+            for _ in range(2):
+                inputs = _random_pass(graph, vocab_size, generator)
+                output = graph.run(inputs).clone()  # the next replay overwrites the buffer
+                error = relative_error(output, self.forward(inputs))
+                if not error <= tolerance:
+                    return f"bucket {graph.bucket} replays a packed pass unlike the eager pass (error {error:.3g})"
+                replayed.append(output)
+            rows = min(len(output) for output in replayed)  # the two passes may differ in inputs
+            if relative_error(replayed[0][:rows], replayed[1][:rows]) <= tolerance:
+                return f"bucket {graph.bucket} replays two distinct inputs to the same output"
+        return None
+
+    def choose(self, inputs: PackedInputs) -> PackedGraph | None:
+        """The smallest graph that holds the pass, or None."""
+        return next((graph for graph in self.ladder if graph.holds(inputs)), None)
+
+    def run(self, inputs: PackedInputs) -> torch.Tensor:
+        """(inputs, dimension) float32; where replayed, a view of a static buffer valid until the next replay."""
+        graph = self.choose(inputs)
+        if graph is None:
+            self.eager += 1
+            return self.forward(inputs)
+        self.replays += 1
+        return graph.run(inputs)
+
+    def computed_tokens(self, inputs: PackedInputs) -> int:
+        """Tokens the device computes for the pass: its graph's size where one holds it."""
+        graph = self.choose(inputs)
+        return inputs.ids.numel() if graph is None else graph.tokens
+
+
+def _random_pass(graph: PackedGraph, vocab_size: int, generator: np.random.Generator) -> PackedInputs:
+    """Random ids in random lengths, the first as long as the graph takes, leaving between one
+    and `spare` tokens of padding, within the graph's inputs; a few leading tokens of each left
+    out of pooling."""
+    remaining = graph.tokens - int(generator.integers(1, min(graph.spare, graph.tokens - 1) + 1))
+    lengths: list[int] = []
+    while remaining:
+        room = graph.inputs - len(lengths)  # inputs left, each at most max_len long
+        shortest = max(1, remaining - (room - 1) * graph.max_len)
+        longest = min(graph.max_len, remaining)
+        length = longest if not lengths else int(generator.integers(shortest, longest + 1))
+        lengths.append(length)
+        remaining -= length
+    rows = [generator.integers(0, vocab_size, size=length).tolist() for length in lengths]
+    packed = pack(rows, graph.device)
+    # At least one token of each pooled: with none, max pooling gives -inf, which no comparison takes.
+    unpooled = np.minimum(generator.integers(0, 3, size=len(rows)), np.asarray(lengths) - 1).astype(np.int64)
+    unpooled = to_device(unpooled, graph.device)
+    return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, unpooled)
