@@ -22,6 +22,9 @@ it), in three steps:
 3. Check: every graph replays two distinct random passes padded into it; each must equal the
    eager pass, and the two must differ (an empty capture replays stale output). If any graph
    fails, every graph is dropped and the worker runs eagerly, with an error in the log.
+
+Steps 1 and 2 (`StaticPass`, `capture_all`) know nothing of the pass's layout: packed passes
+use them for their graphs over total tokens (handler/packed_graphs.py).
 """
 
 from __future__ import annotations

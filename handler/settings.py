@@ -82,7 +82,8 @@ class Settings:
     # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
     # (pairs over max_batch_tokens or the position embeddings are skipped) and replay it for
     # passes that fit a bucket; a bucket whose pass needs more than cuda_graph_max_mb, or whose
-    # capture fails, runs eagerly (handler/cuda_graphs.py). Ignored on a CPU.
+    # capture fails, runs eagerly (handler/cuda_graphs.py). Packed passes are captured per size
+    # in total tokens instead (handler/packed_graphs.py). Ignored on a CPU.
     cuda_graphs: bool = False
     cuda_graph_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
@@ -92,9 +93,9 @@ class Settings:
     # Run passes packed (handler/packed.py): the real tokens of a pass concatenated, no padding
     # computed, on the torch engine; used where the architecture is supported (BERT, RoBERTa,
     # XLM-R, MPNet) and a start-up check agrees with the padded pass, else passes are padded.
-    # Off by default: on a CPU ONNX Runtime's padded passes measured faster end to end
-    # (docs/performance.md);
-    # on a GPU it is not measured yet (make bench-gpu).
+    # With cuda_graphs on a GPU, packed passes replay graphs over total tokens
+    # (handler/packed_graphs.py). Off by default: on a CPU ONNX Runtime's padded passes measured
+    # faster end to end (docs/performance.md); on a GPU it is not measured yet (make bench-gpu).
     packed: bool = False
     # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded
     # also in memory ...
