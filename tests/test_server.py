@@ -378,6 +378,7 @@ def test_packed_passes_serve_the_padded_vectors(server, reference):
     info = requests.get(f"{server.url('inference')}/predictions/tinypacked/1.0/info", headers=server.auth(), timeout=30)
     assert info.status_code == 200 and info.json()["layout"] == "packed", info.text
     assert info.json()["engine"] == "torch" and info.json()["attention"] == "grouped_sdpa"
+    assert info.json()["cuda_graphs"] == 0  # a CPU worker replays none
     bodies = [[TEXTS[i % len(TEXTS)] * (1 + i % 3)] for i in range(12)]
     responses = concurrently([lambda body=body: predict(server, {"input": body}, model="tinypacked")
                               for body in bodies])
