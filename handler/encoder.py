@@ -21,7 +21,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -242,6 +242,13 @@ def _is_device_failure(err: BaseException) -> bool:
     return "CUDA error" in text or "device-side assert" in text or type(err).__name__ == "AcceleratorError"
 
 
+def _raise_classified(err: Exception) -> NoReturn:
+    """Raise `err` again: a CUDA error (other than out of memory) as DeviceFailure."""
+    if _is_device_failure(err):
+        raise DeviceFailure(str(err)) from err
+    raise err
+
+
 class Encoder:
     """A transformer plus its pipeline (pooling, then Dense / LayerNorm / Normalize): token ids in,
     one float32 vector per input out."""
@@ -378,9 +385,7 @@ class Encoder:
                         out[to_device(np.asarray(indices, dtype=np.int64), device)] = self._forward(inputs)
                 except Exception as err:
                     if not _is_out_of_memory(err):
-                        if _is_device_failure(err):
-                            raise DeviceFailure(str(err)) from err
-                        raise
+                        _raise_classified(err)
                     del inputs  # free this pass's inputs before retrying smaller
                     self._release_memory()
                     if len(indices) == 1:
@@ -404,9 +409,7 @@ class Encoder:
         try:
             return vectors.cpu()
         except Exception as err:  # an asynchronous CUDA error of any pass surfaces here
-            if _is_device_failure(err):
-                raise DeviceFailure(str(err)) from err
-            raise
+            _raise_classified(err)
 
     @contextmanager
     def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
