@@ -311,6 +311,8 @@ class Encoder:
             return
         # No bucket longer than the position embeddings: its warm-up would index past them.
         buckets = [b for b in placement.cuda_graph_buckets if b.length <= (self.max_positions or b.length)]
+        if not buckets:
+            return
         runner = GraphRunner.capture(self._pooled, buckets, **common)
         self.graphs = runner if runner.buckets else None
 

@@ -96,6 +96,7 @@ def test_targets_of_a_cuda_report(results, tmp_path):
     # Packed passes eager and replayed from graphs over total tokens, whose padding counts.
     report["packed"]["packed_graphs"] = {"real_tokens_per_s": 1.0, "real_over_computed_tokens": 0.985,
                                          "over_float16_eager": 2.0, "over_float16_graphs": 1.7}
+    report["engines"]["float16_packed_graphs"] = {"startup_s": 2.0, "graphs_captured": 278}
 
     targets = check_targets(report)
     assert all(row["applicable"] and isinstance(row["met"], bool) for row in targets)
@@ -105,6 +106,9 @@ def test_targets_of_a_cuda_report(results, tmp_path):
     real_over_computed, packed_speedup = targets[-2:]
     assert real_over_computed["measured"] == 0.985 and not real_over_computed["met"]
     assert packed_speedup["measured"] == 1.7 and packed_speedup["met"]
+    report["engines"]["float16_packed_graphs"]["graphs_captured"] = 0  # packed ran eagerly: not the target
+    assert not check_targets(report)[-1]["met"]
+    report["engines"]["float16_packed_graphs"]["graphs_captured"] = 278
 
     report["correctness"]["adversarial"]["distinct_inputs"]["modes"]["float16_graphs"]["graph_replays"] = 0
     assert not check_targets(report)[2]["met"]  # a case that never replayed proves nothing about graphs

@@ -86,13 +86,13 @@ def capture(passes, sizes, *, max_len=64, graph_type=EagerStandIn, **kwargs):
         return PackedGraphRunner.capture(passes.run_eager, sizes, **{**settings, **kwargs})
 
 
-def test_the_ladder_steps_by_at_most_a_sixty_fourth_past_the_fine_steps():
+def test_the_ladder_steps_by_under_a_sixty_fourth_past_the_fine_steps():
     sizes = token_ladder(16384)
     assert sizes[0] == TOKEN_STEP and sizes[-1] == 16384 and sizes == sorted(set(sizes))
     assert all(size % TOKEN_STEP == 0 for size in sizes)
-    for smaller, size in zip(sizes, sizes[1:]):
-        assert size - smaller <= max(TOKEN_STEP, smaller / RESOLUTION + TOKEN_STEP)
-    assert len(sizes) < 250
+    for smaller, size in zip(sizes, sizes[1:]):  # a pass padded up to `size` is over `smaller` tokens
+        assert size - smaller <= max(TOKEN_STEP, size / RESOLUTION)
+    assert len(sizes) == 278
     assert token_ladder(100) == [16, 32, 48, 64, 80, 96, 100]
 
 
