@@ -195,13 +195,22 @@ def test_graphs_that_give_distinct_inputs_one_output_are_dropped(caplog):
     assert any("two distinct inputs to the same output" in line for line in caplog.messages)
 
 
-def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir):
+def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, monkeypatch):
+    # The encoder's own capture, as on a GPU whose packed attention is varlen flash, but with the
+    # grouped SDPA (the CPU's kernel) standing in for flash and the stand-in graphs.
     engine = make_engine(tiny_model_dir, packed=True, max_batch_tokens=256, max_batch_size=16)
     encoder = engine.encoder
     ids = engine.token_ids(TEXTS * 3)
     eager = encoder.embed(ids)
-    encoder.passes.graphs = capture(encoder.passes, token_ladder(256), max_len=encoder.max_positions,
-                                    pad_id=encoder.pad_id, vocab_size=encoder.model.config.vocab_size)
+    assert engine.info()["cuda_graphs"] == 0
+    real_capture = PackedGraphRunner.capture
+    monkeypatch.setattr(PackedGraphRunner, "capture", classmethod(
+        lambda cls, *args, **kwargs: real_capture(*args, **kwargs, graph_type=EagerStandIn)))
+    monkeypatch.setattr("handler.encoder.VARLEN_FLASH", encoder.passes.transformer.attention_kernel)
+    encoder.placement = dataclasses.replace(encoder.placement, cuda_graphs=True, cuda_graph_max_bytes=1 << 40)
+    with torch.inference_mode():
+        encoder._capture_graphs()
+    assert engine.info()["cuda_graphs"] == len(token_ladder(256))  # 16 inputs of 64 tokens hold 256
     replayed = encoder.embed(ids)
     torch.testing.assert_close(replayed.vectors, eager.vectors, atol=1e-5, rtol=1e-4)
     assert encoder.passes.graphs.replays == replayed.passes and encoder.passes.graphs.eager == 0
