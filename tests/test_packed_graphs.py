@@ -137,8 +137,11 @@ def test_a_graph_holds_what_fits_its_tokens_inputs_length_and_padding_slots(mode
     def holds(lengths):
         return graph.holds(passes.prepare(random_rows(model, lengths), None))
 
-    assert holds([32, 20]) and holds([30, 30, 2, 1]) and holds([64 - 17]) is False  # 17 padding: two inputs
-    assert holds([16, 16, 16]) and not holds([1] * 5)  # inputs
+    assert graph.slots == 5  # 4 inputs, and one of padding for the 16 spare tokens
+    assert holds([32, 20]) and holds([30, 30, 2, 1]) and holds([16, 16, 16])
+    assert holds([10, 10, 10])  # 34 tokens of padding: two padding inputs, 3 + 2 slots
+    assert not holds([8, 8, 8, 6])  # the same padding, but 4 + 2 slots
+    assert not holds([1] * 5)  # inputs
     assert not holds([33]) and not holds([32, 32, 1])  # length, tokens
 
 
