@@ -85,8 +85,9 @@ class PackedGraph(StaticPass):
         self.slots = inputs + math.ceil(spare / max_len)  # the pass's inputs, then padding inputs
         self.pad_id = pad_id
         self.ids = torch.full((tokens,), pad_id, dtype=torch.long, device=device)
-        # Until a pass is loaded: the size cut into max_len inputs (warm-up and capture run it).
-        self.cu_seqlens = to_device(self._offsets_after(np.zeros(1, dtype=np.int32)), device)
+        # Until a pass is loaded: the size cut into max_len inputs, the most attention this graph
+        # computes (warm-up measures its memory, capture records it).
+        self.cu_seqlens = to_device(np.concatenate([np.zeros(1, dtype=np.int32), self._tail(0, 0)]), device)
         self.unpooled = torch.zeros(self.slots, dtype=torch.long, device=device)
 
     def compute(self) -> torch.Tensor:
@@ -117,9 +118,6 @@ class PackedGraph(StaticPass):
         last, then of the zero-length inputs (the size, repeated)."""
         ends = total + self.max_len * np.arange(1, self.slots - count + 1, dtype=np.int64)
         return np.minimum(ends, self.tokens).astype(np.int32)
-
-    def _offsets_after(self, head: np.ndarray) -> np.ndarray:
-        return np.concatenate([head, self._tail(int(head[-1]), len(head) - 1)])
 
 
 class PackedGraphRunner:
