@@ -23,8 +23,8 @@ it), in three steps:
    eager pass, and the two must differ (an empty capture replays stale output). If any graph
    fails, every graph is dropped and the worker runs eagerly, with an error in the log.
 
-Steps 1 and 2 (`StaticPass`, `capture_all`) know nothing of the pass's layout: packed passes
-use them for their graphs over total tokens (handler/packed_graphs.py).
+The three steps (`StaticPass`, `capture_checked`) know nothing of the pass's layout: packed
+passes use them for their graphs over total tokens (handler/packed_graphs.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -160,34 +160,15 @@ class GraphRunner:
                 graph_type: type[StaticGraph] = StaticGraph) -> "GraphRunner":
         """The graphs of the buckets whose pass needs at most max_bytes and whose capture works,
         on `device`; none at all if a replay strays from eager by more than `tolerance`."""
-        with current_device(device):
-            graphs = capture_all([graph_type(bucket, forward, pad_id, device) for bucket in buckets], device,
-                                 max_bytes)
-            runner = cls(graphs, forward)
-            failure = runner.replay_failure(vocab_size, tolerance)
-        if failure is not None:
-            log.error("CUDA graphs: %s; every graph is dropped and this worker runs eagerly", failure)
-            runner = cls({}, forward)  # the graphs go with the old runner
-            release_memory(device)
-        return runner
-
-    def replay_failure(self, vocab_size: int, tolerance: float) -> str | None:
-        """Why the graphs cannot be trusted, or None: each replays two distinct random passes that
-        leave some of its rows and columns as padding; both must equal the eager pass and differ
-        from each other."""
         generator = torch.Generator().manual_seed(0)
-        for bucket, graph in self.graphs.items():
-            replayed = []
-            for _ in range(2):
-                ids, mask = _random_pass(bucket, vocab_size, graph.pad_id, generator, graph.ids.device)
-                output = graph.run(ids, mask).clone()  # the next replay overwrites the buffer
-                error = relative_error(output, self.forward(ids, mask))
-                if not error <= tolerance:
-                    return f"bucket {bucket} replays a padded pass unlike the eager pass (error {error:.3g})"
-                replayed.append(output)
-            if relative_error(*replayed) <= tolerance:
-                return f"bucket {bucket} replays two distinct inputs to the same output"
-        return None
+
+        def random_pass(graph: StaticGraph) -> tuple[torch.Tensor, torch.Tensor]:
+            """A pass leaving some of the bucket's rows and columns as padding: replayed, eager."""
+            ids, mask = _random_pass(graph.bucket, vocab_size, pad_id, generator, graph.ids.device)
+            return graph.run(ids, mask).clone(), forward(ids, mask)
+
+        graphs = (graph_type(bucket, forward, pad_id, device) for bucket in buckets)
+        return cls(capture_checked(graphs, device, max_bytes, random_pass, tolerance), forward)
 
     def computed_tokens(self, rows: int, length: int) -> int:
         """Tokens the device computes for a (rows, length) pass: its bucket's if one holds it (the
@@ -204,13 +185,13 @@ class GraphRunner:
         return self.graphs[bucket].run(ids, mask)
 
 
-def capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: int) -> dict:
+def _capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: int) -> dict:
     """Warm up, then capture, the static passes of `device` (steps 1 and 2 above): their
     buckets -> the graphs captured, with a warning for each that runs eagerly instead."""
     smallest_first = sorted(graphs, key=lambda graph: (graph.bucket.tokens, graph.bucket))
     with _side_stream(device):
         affordable = [graph for graph in smallest_first if _warmed_up_within(graph, max_bytes)]
-        release_memory(device)  # what the warm-ups cached, for the graphs' pool to take
+        _release_memory(device)  # what the warm-ups cached, for the graphs' pool to take
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         # Largest first: the first graph sizes the shared pool, the later ones fit inside it.
         captured = {graph.bucket: graph for graph in reversed(affordable) if _captured(graph, pool)}
@@ -219,12 +200,47 @@ def capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: i
     return captured
 
 
+def capture_checked(graphs: Iterable[StaticPass], device: torch.device, max_bytes: int,
+                    random_pass: Callable[[StaticPass], tuple[torch.Tensor, torch.Tensor]], tolerance: float) -> dict:
+    """Steps 1 to 3 on `device`, made current first: the graphs captured and trusted, by bucket;
+    none, with an error in the log, if any of them fails the check. `graphs` is made lazily, so
+    on that device and held by nothing else. `random_pass(graph)` replays a random pass that
+    leaves the graph padding and returns (a copy of the replayed output, the eager output)."""
+    with _current(device):
+        captured = _capture_all(list(graphs), device, max_bytes)
+        failure = _replay_failure(captured.values(), random_pass, tolerance)
+    if failure is None:
+        return captured
+    log.error("CUDA graphs: %s; every graph is dropped and these passes run eagerly", failure)
+    del captured  # nothing holds the graphs' memory any more: release it
+    _release_memory(device)
+    return {}
+
+
+def _replay_failure(graphs: Iterable[StaticPass], random_pass: Callable[[StaticPass], tuple[torch.Tensor, torch.Tensor]],
+                    tolerance: float) -> str | None:
+    """Why the graphs cannot be trusted, or None: each replays two random passes; both must equal
+    the eager pass, and differ from each other (an empty capture replays stale output)."""
+    for graph in graphs:
+        replayed = []
+        for _ in range(2):
+            output, eager = random_pass(graph)
+            error = _relative_error(output, eager)
+            if not error <= tolerance:
+                return f"bucket {graph.bucket} replays a pass unlike the eager pass (error {error:.3g})"
+            replayed.append(output)
+        rows = min(len(output) for output in replayed)  # packed passes may differ in inputs
+        if _relative_error(replayed[0][:rows], replayed[1][:rows]) <= tolerance:
+            return f"bucket {graph.bucket} replays two distinct inputs to the same output"
+    return None
+
+
 def _warmed_up_within(graph: StaticGraph, max_bytes: int) -> bool:
     try:
         needed = graph.warm_up()
     except Exception as err:  # out of memory, most likely; whatever the cause, this bucket runs eagerly
         log.warning("CUDA graphs: bucket %s runs eagerly: warm-up failed (%s)", graph.bucket, _one_line(err))
-        release_memory(graph.device)
+        _release_memory(graph.device)
         return False
     if needed > max_bytes:
         log.warning("CUDA graphs: bucket %s runs eagerly: its pass needs %d MiB, over the %d MiB cap",
@@ -238,7 +254,7 @@ def _captured(graph: StaticGraph, pool: object) -> bool:
         graph.capture(pool)
     except Exception as err:  # whatever the cause, this bucket runs eagerly
         log.warning("CUDA graphs: bucket %s runs eagerly: capture failed (%s)", graph.bucket, _one_line(err))
-        release_memory(graph.device)
+        _release_memory(graph.device)
         return False
     return True
 
@@ -255,13 +271,13 @@ def _random_pass(bucket: Bucket, vocab_size: int, pad_id: int, generator: torch.
     return ids.to(device), real.long().to(device)
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest distance between a row of `a` and the same row of `b`, relative to the latter's norm."""
     return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=1e-12)).max())
 
 
 @contextmanager
-def current_device(device: torch.device) -> Iterator[None]:
+def _current(device: torch.device) -> Iterator[None]:
     """`device` current for the block: new streams and kernels without a device of their own land
     on it, not on GPU 0. Nothing for the tests' CPU stand-ins."""
     with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
@@ -282,7 +298,7 @@ def _side_stream(device: torch.device) -> Iterator[None]:
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
-def release_memory(device: torch.device) -> None:
+def _release_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 

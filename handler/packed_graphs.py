@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from handler.cuda_graphs import StaticPass, capture_all, current_device, relative_error, release_memory
+from handler.cuda_graphs import StaticPass, capture_checked
 from handler.packed import PackedInputs, pack
 from handler.transfer import to_device
 
@@ -138,37 +138,18 @@ class PackedGraphRunner:
         """Graphs for the ladder `sizes` (smallest first) whose pass needs at most max_bytes and
         whose capture works, on `device`; none at all if a replay strays from eager by more than
         `tolerance`. Passes hold at most `max_inputs` inputs of at most `max_len` tokens."""
-        below = [0, *sizes[:-1]]
-        with current_device(device):
-            graphs = [graph_type(size, forward, inputs=min(max_inputs, size), max_len=min(max_len, size),
-                                 spare=size - smaller, pad_id=pad_id, device=device)
-                      for size, smaller in zip(sizes, below)]
-            runner = cls(capture_all(graphs, device, max_bytes), forward)
-            failure = runner.replay_failure(vocab_size, tolerance)
-        if failure is not None:
-            log.error("CUDA graphs: %s; every graph is dropped and packed passes run eagerly", failure)
-            runner = cls({}, forward)
-            release_memory(device)
-        return runner
-
-    def replay_failure(self, vocab_size: int, tolerance: float) -> str | None:
-        """Why the graphs cannot be trusted, or None: each replays two distinct random passes of
-        mixed lengths that leave it padding and unused slots; both must equal the eager pass and
-        differ from each other."""
         generator = np.random.default_rng(0)
-        for graph in self.ladder:
-            replayed = []
-            for _ in range(2):
-                inputs = _random_pass(graph, vocab_size, generator)
-                output = graph.run(inputs).clone()  # the next replay overwrites the buffer
-                error = relative_error(output, self.forward(inputs))
-                if not error <= tolerance:
-                    return f"bucket {graph.bucket} replays a packed pass unlike the eager pass (error {error:.3g})"
-                replayed.append(output)
-            rows = min(len(output) for output in replayed)  # the two passes may differ in inputs
-            if relative_error(replayed[0][:rows], replayed[1][:rows]) <= tolerance:
-                return f"bucket {graph.bucket} replays two distinct inputs to the same output"
-        return None
+
+        def random_pass(graph: PackedGraph) -> tuple[torch.Tensor, torch.Tensor]:
+            """A pass of mixed lengths leaving the graph padding and unused slots: replayed, eager."""
+            inputs = _random_pass(graph, vocab_size, generator)
+            return graph.run(inputs).clone(), forward(inputs)
+
+        below = [0, *sizes[:-1]]
+        graphs = (graph_type(size, forward, inputs=min(max_inputs, size), max_len=min(max_len, size),
+                             spare=size - smaller, pad_id=pad_id, device=device)
+                  for size, smaller in zip(sizes, below))
+        return cls(capture_checked(graphs, device, max_bytes, random_pass, tolerance), forward)
 
     def choose(self, inputs: PackedInputs) -> PackedGraph | None:
         """The smallest graph that holds the pass, or None. Bisected: the ladder has hundreds of
