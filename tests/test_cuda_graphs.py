@@ -25,21 +25,26 @@ from tests.test_engine import TEXTS
 BYTES_PER_TOKEN = 100  # the stand-ins' memory: a pass needs this much per token of its bucket
 
 
-class EagerStandIn(StaticGraph):
-    """Replays by running the forward pass on the static buffers, as the captured graph would."""
+class EagerReplay:
+    """For any StaticPass: replays by running the pass on the static buffers, as the captured
+    graph would; a pass needs BYTES_PER_TOKEN per token of its bucket."""
 
-    captured: list[Bucket] = []  # capture order, across instances
+    captured: list = []  # capture order, across instances (each stand-in class has its own)
 
     def warm_up(self) -> int:
-        self.forward(self.ids, self.mask)
+        self.compute()
         return self.bucket.tokens * BYTES_PER_TOKEN
 
     def capture(self, pool: object) -> None:
-        EagerStandIn.captured.append(self.bucket)
+        type(self).captured.append(self.bucket)
         self.replay()
 
     def replay(self) -> None:
-        self.output = self.forward(self.ids, self.mask)
+        self.output = self.compute()
+
+
+class EagerStandIn(EagerReplay, StaticGraph):
+    captured: list[Bucket] = []
 
 
 def runner_for(encoder, buckets, graph_type=EagerStandIn, **kwargs):

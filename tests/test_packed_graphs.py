@@ -23,27 +23,12 @@ from handler.packed_graphs import (
     RESOLUTION, TOKEN_STEP, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, token_ladder,
 )
 from tests.conftest import make_engine
+from tests.test_cuda_graphs import BYTES_PER_TOKEN, EagerReplay
 from tests.test_packed import random_rows
 from tests.test_engine import TEXTS
 
-BYTES_PER_TOKEN = 100  # the stand-ins' memory: a pass needs this much per token of its size
-
-
-class EagerStandIn(PackedGraph):
-    """Replays by running the eager pass on the static buffers, as the captured graph would."""
-
-    captured: list[int] = []  # capture order, across instances
-
-    def warm_up(self) -> int:
-        self.compute()
-        return self.tokens * BYTES_PER_TOKEN
-
-    def capture(self, pool: object) -> None:
-        EagerStandIn.captured.append(self.tokens)
-        self.replay()
-
-    def replay(self) -> None:
-        self.output = self.compute()
+class EagerStandIn(EagerReplay, PackedGraph):
+    captured: list[TokenBucket] = []
 
 
 class StaleReplay(EagerStandIn):
