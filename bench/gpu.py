@@ -175,8 +175,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
         engines[name] = bench.engine(name, primary, dtype=primary_dtype, packed=True,
                                      cuda_graphs=name.endswith("_graphs"))
         info = engines[name].info()
-        results["engines"][name].update(layout=info["layout"], attention=info["attention"],
-                                        cuda_graphs=info["cuda_graphs"])
+        results["engines"][name].update(layout=info["layout"], attention=info["attention"])
     if cuda:  # as for padded graphs: the capture is the start-up less the eager engine's
         packed_eager, packed_graphs = (results["engines"][name] for name in packed_names)
         packed_graphs["graph_capture_s"] = round(packed_graphs["startup_s"] - packed_eager["startup_s"], 3)
@@ -250,7 +249,7 @@ class Bench:
                   "pass_overhead_tokens": getattr(engine.encoder, "pass_overhead_tokens", None)}
         if self.device == "cuda":
             record["resident_mib"] = round((torch.cuda.memory_allocated() - before) / 2**20, 1)
-        runner = _graph_runner(engine)
+        runner = engine.encoder.graph_runner
         if runner is not None:
             record["graphs_captured"] = len(runner.graphs)
         self.records[name] = record
@@ -536,14 +535,9 @@ def _max_pairwise_cosine(vectors: np.ndarray) -> float:
     return round(float(similarity.max()), 6)
 
 
-def _graph_runner(engine: EmbeddingEngine):
-    """The engine's CUDA graphs (padded passes' or packed passes'), or None."""
-    return getattr(engine.encoder, "graphs", None) or getattr(engine.encoder.passes, "graphs", None)
-
-
 def _graph_counts(engine: EmbeddingEngine) -> tuple[int, int] | None:
     """Replays and eager passes so far of the engine's graphs, or None."""
-    runner = _graph_runner(engine)
+    runner = engine.encoder.graph_runner
     return None if runner is None else (runner.replays, runner.eager)
 
 

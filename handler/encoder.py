@@ -345,13 +345,17 @@ class Encoder:
         """How this encoder runs its passes, for /info: padded or packed, the attention kernel,
         and how many CUDA graphs it replays (0: every pass runs eagerly)."""
         if isinstance(self.passes, PackedPasses):
-            graphs = self.passes.graphs
             layout = {"layout": "packed", "attention": self.passes.transformer.attention_kernel}
         else:
-            graphs = self.graphs
             layout = {"layout": "padded", "attention": "onnxruntime" if self.model is None else
                       getattr(self.model.config, "_attn_implementation", None) or "eager"}
+        graphs = self.graph_runner
         return {**layout, "cuda_graphs": 0 if graphs is None else len(graphs.graphs)}
+
+    @property
+    def graph_runner(self) -> GraphRunner | PackedGraphRunner | None:
+        """The CUDA graphs this encoder's passes replay, or None."""
+        return self.passes.graphs if isinstance(self.passes, PackedPasses) else self.graphs
 
     def _load_model(self) -> torch.nn.Module:
         kwargs = dict(dtype=self.placement.dtype, use_safetensors=True)
