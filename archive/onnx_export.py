@@ -1,8 +1,8 @@
 """Export the transformer to ONNX for the CPU engine (handler/onnx_runtime.py), at build time.
 
 The model's own float32 weights are traced once (eager attention, which ONNX Runtime's
-transformer optimizer recognizes and fuses into its Attention, SkipLayerNormalization,
-BiasGelu and EmbedLayerNormalization kernels) and written beside the safetensors as
+transformer optimizer recognizes and fuses into its Attention, BiasGelu and
+EmbedLayerNormalization kernels) and written beside the safetensors as
 `model/transformer.onnx`: protobuf, no pickle. The graph outputs the last hidden states; pooling
 and the sentence-transformers head stay in torch, shared with every other engine.
 
@@ -84,12 +84,18 @@ def _optimize(raw: Path, target: Path, config) -> str:
     """ONNX Runtime's offline transformer fusions; the plain export where it knows no pattern."""
     from onnxruntime.transformers import optimizer
 
+    from onnxruntime.transformers.fusion_options import FusionOptions
+
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
+    options = FusionOptions("bert")
+    # Residual add + LayerNorm stay two operators (handler/onnx_runtime.py says why).
+    options.enable_skip_layer_norm = False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("onnxruntime").setLevel(logging.ERROR)
-        optimized = optimizer.optimize_model(str(raw), model_type="bert", num_heads=heads, hidden_size=hidden)
+        optimized = optimizer.optimize_model(str(raw), model_type="bert", num_heads=heads, hidden_size=hidden,
+                                             optimization_options=options)
     optimized.save_model_to_file(str(target))
     fused = {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
     return "fused: " + (", ".join(f"{count} {name}" for name, count in fused.items()) or "none")

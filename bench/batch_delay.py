@@ -25,7 +25,7 @@ from archive.build import main as build_main
 from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from archive.default_model import fetch_default_model
 from archive.ts_config import read_properties
-from bench.load import run_load
+from bench.load import run_load, warm_up
 from scripts.serverctl import TorchServe, isolated_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,8 +51,7 @@ def sweep(delays: list[int], seconds: float, corpora: dict[str, list[str]], toke
             try:
                 server.wait_ready(timeout=600)
                 url = f"{server.url('inference')}/predictions/{name}"
-                run_load(url, server.auth(), corpora["mixed"], tokens["mixed"], concurrency=64, texts_per_request=1,
-                         seconds=5.0)  # the frontend's JIT and first-seen shapes
+                warm_up(url, server.auth(), corpora["mixed"], tokens["mixed"])  # the frontend's JIT, first shapes
                 for corpus in corpora:
                     for count in clients:
                         summary = run_load(url, server.auth(), corpora[corpus], tokens[corpus], concurrency=count,

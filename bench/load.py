@@ -46,6 +46,22 @@ class LoadResult:
         }
 
 
+# The frontend is a JVM: its JIT compiles the code paths of a load shape for tens of seconds
+# after it first sees it, on the cores the workers use. Measured on the 2-core machine, at one
+# client right after 60 s at 64 clients: the compiler threads took 3.5 ms of CPU per request in
+# the first 10 s, 1.1 in the next and 0.7 in the third, and a 64-token text's forward pass took
+# p90 25.5 ms in the first, 18.8 in the third. So a server is warmed at each shape the benchmark
+# measures, for this long each.
+WARMUP_SECONDS = {64: 10.0, 1: 15.0}
+
+
+def warm_up(url: str, headers: dict[str, str], texts: Sequence[str], token_counts: Sequence[int],
+            seconds: dict[int, float] = WARMUP_SECONDS) -> None:
+    """Uncounted load, one text per request, at each concurrency in `seconds` for its time."""
+    for concurrency, duration in seconds.items():
+        run_load(url, headers, texts, token_counts, concurrency=concurrency, texts_per_request=1, seconds=duration)
+
+
 def run_load(url: str, headers: dict[str, str], texts: Sequence[str], token_counts: Sequence[int], *,
              concurrency: int, texts_per_request: int, seconds: float, warmup_seconds: float = 2.0) -> LoadResult:
     host = urlsplit(url).hostname

@@ -25,7 +25,7 @@ import yaml
 
 from archive.build import main as build_main
 from archive.ts_config import read_properties, register_model
-from bench.load import run_load
+from bench.load import WARMUP_SECONDS, run_load, warm_up
 from scripts.serverctl import TorchServe, isolated_config
 from tests.tiny_model import WORDS, make_tiny_model
 
@@ -70,7 +70,7 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
             server.wait_ready(timeout=600)
             urls = {name: f"{server.url('inference')}/predictions/{name}" for name in ("tiny", "noop")}
             for url in urls.values():  # the frontend's JIT and the workers' first batches
-                run_load(url, server.auth(), texts, tokens, concurrency=clients, texts_per_request=1, seconds=3.0)
+                warm_up(url, server.auth(), texts, tokens, seconds={clients: WARMUP_SECONDS[64]})
             runs: dict[str, list[dict]] = {name: [] for name in urls}
             for _ in range(REPEATS):
                 for name, url in urls.items():

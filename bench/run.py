@@ -12,8 +12,9 @@
 4. End to end through the real TorchServe: a closed-loop client at several concurrencies and
    texts per request, on the fixed (64-token) and mixed (4-256 token) corpora; then int8; then
    int8 against fp32 with both served at once, in turns; then fp32 again with CPU lending
-   between workers off, and with the torch engine. Each server is first warmed up under load;
-   the target shapes (1 and 64 clients, 1 text per request) are the median of 3 runs.
+   between workers off, and with the torch engine. Each server is first warmed up at 64 clients
+   and at one client (bench/load.py); the target shapes (1 and 64 clients, 1 text per request)
+   are the median of 3 runs.
 5. `max_batch_delay` at 1, 4, 16 and 64 clients (bench/batch_delay.py), and the per-request
    path: the handler on a near-free model against a no-op handler (bench/request_path.py).
 Results go to `<out>/bench.json` and `<out>/bench.png`; the targets are checked at the end.
@@ -44,7 +45,7 @@ from bench.inprocess import (
     bench_engine, bench_planner, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine,
     matmul_gflops,
 )
-from bench.load import run_load
+from bench.load import WARMUP_SECONDS, run_load, warm_up
 from scripts.serverctl import TorchServe, isolated_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +59,6 @@ TARGET_SHAPES = {(64, 1), (1, 1)}
 REPEATS = 3
 # int8 against fp32: rounds of one run of each, both servers up (_int8_against_fp32).
 INT8_ROUNDS = 3
-WARMUP_SECONDS = 8.0
 DEFAULT_DELAY_MS = 1  # the build's --max-batch-delay default
 OTHER_DELAYS_MS = (10,)  # swept beside the default (bench/batch_delay.py)
 
@@ -166,10 +166,9 @@ def _serving(dtype: str, corpora: dict, tokens: dict, settings: tuple[str, ...] 
         try:
             server.wait_ready(timeout=600)
             url = f"{server.url('inference')}/predictions/minilm"
-            # The first seconds under load run slower (the frontend's JIT, first-seen shapes);
+            # The first seconds of a load run slower (the frontend's JIT, first-seen shapes);
             # no scenario should pay for that.
-            run_load(url, server.auth(), corpora["mixed"], tokens["mixed"], concurrency=64, texts_per_request=1,
-                     seconds=WARMUP_SECONDS)
+            warm_up(url, server.auth(), corpora["mixed"], tokens["mixed"])
             yield url, server.auth()
         finally:
             server.stop()
@@ -198,7 +197,7 @@ def _int8_against_fp32(corpora: dict, tokens: dict, seconds: float, rounds: int 
     texts_per_s: dict[str, list[float]] = {"float32": [], "int8": []}
     with _serving("float32", corpora, tokens) as fp32, _serving("int8", corpora, tokens) as int8:
         # Warm again: the fp32 server idled while the int8 one was built and warmed up.
-        run_load(*fp32, corpora["mixed"], tokens["mixed"], concurrency=64, texts_per_request=1, seconds=WARMUP_SECONDS)
+        warm_up(*fp32, corpora["mixed"], tokens["mixed"], seconds={64: WARMUP_SECONDS[64]})
         for round_ in range(rounds):
             for dtype, (url, auth) in (("float32", fp32), ("int8", int8)):
                 print(f"int8 against fp32, round {round_ + 1}: {dtype} ...", file=sys.stderr)
