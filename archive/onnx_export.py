@@ -83,7 +83,6 @@ def trace_to_onnx(model: torch.nn.Module, path: Path) -> None:
 def _optimize(raw: Path, target: Path, config) -> str:
     """ONNX Runtime's offline transformer fusions; the plain export where it knows no pattern."""
     from onnxruntime.transformers import optimizer
-
     from onnxruntime.transformers.fusion_options import FusionOptions
 
     heads = int(getattr(config, "num_attention_heads", 0) or 0)
