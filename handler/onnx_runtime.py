@@ -59,8 +59,7 @@ class OnnxTransformer:
         options.add_session_config_entry("session.force_spinning_stop", "1")
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        return onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=UNFUSED)
+        return load_session(self.path, options)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         threads = torch.get_num_threads()
@@ -68,6 +67,12 @@ class OnnxTransformer:
         feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
                 "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
         return torch.from_numpy(session.run(["last_hidden_state"], feed)[0])
+
+
+def load_session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
+    """A CPU session of the model at `path`, optimized at load as workers run it (UNFUSED left apart)."""
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                        disabled_optimizers=UNFUSED)
 
 
 def is_out_of_memory(err: BaseException) -> bool:
