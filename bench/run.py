@@ -13,8 +13,8 @@
    texts per request, on the fixed (64-token) and mixed (4-256 token) corpora; then int8; then
    int8 against fp32 with both served at once, in turns; then fp32 again with CPU lending
    between workers off, and with the torch engine. Each server is first warmed up at 64 clients
-   and at one client (bench/load.py); the target shapes (1 and 64 clients, 1 text per request)
-   are the median of 3 runs.
+   and at one client, those it is measured at (bench/load.py); the target shapes (1 and 64
+   clients, 1 text per request) are the median of 3 runs.
 5. `max_batch_delay` at 1, 4, 16 and 64 clients (bench/batch_delay.py), and the per-request
    path: the handler on a near-free model against a no-op handler (bench/request_path.py).
 Results go to `<out>/bench.json` and `<out>/bench.png`; the targets are checked at the end.
@@ -152,8 +152,9 @@ def _scenarios() -> list[tuple[str, int, int]]:
 
 
 @contextmanager
-def _serving(dtype: str, corpora: dict, tokens: dict, settings: tuple[str, ...] | list[str] = ()):
-    """A TorchServe of its own serving a fresh `dtype` build, warmed up: (predictions URL, auth)."""
+def _serving(dtype: str, corpora: dict, tokens: dict, concurrencies, settings: tuple[str, ...] | list[str] = ()):
+    """A TorchServe of its own serving a fresh `dtype` build: (predictions URL, auth). It is warmed
+    up (bench/load.py) at each of the `concurrencies` it will be measured at that has a warm-up."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         root = Path(tmp)
         config = isolated_config(root, REPO / "config.properties", async_logging="true")
@@ -168,7 +169,8 @@ def _serving(dtype: str, corpora: dict, tokens: dict, settings: tuple[str, ...] 
             url = f"{server.url('inference')}/predictions/minilm"
             # The first seconds of a load run slower (the frontend's JIT, first-seen shapes);
             # no scenario should pay for that.
-            warm_up(url, server.auth(), corpora["mixed"], tokens["mixed"])
+            warm_up(url, server.auth(), corpora["mixed"], tokens["mixed"],
+                    seconds={c: s for c, s in WARMUP_SECONDS.items() if c in concurrencies})
             yield url, server.auth()
         finally:
             server.stop()
@@ -177,7 +179,8 @@ def _serving(dtype: str, corpora: dict, tokens: dict, settings: tuple[str, ...] 
 def _end_to_end(dtype: str, corpora: dict, tokens: dict, scenarios, seconds: float,
                 settings: tuple[str, ...] | list[str] = ()) -> list[dict]:
     rows = []
-    with _serving(dtype, corpora, tokens, settings) as (url, auth):
+    concurrencies = {concurrency for _, concurrency, _ in scenarios}
+    with _serving(dtype, corpora, tokens, concurrencies, settings) as (url, auth):
         for corpus, concurrency, per_request in scenarios:
             print(f"end to end {' '.join([dtype, *settings])}: {corpus}, {concurrency} clients, "
                   f"{per_request} texts/request ...", file=sys.stderr)
@@ -195,7 +198,7 @@ def _int8_against_fp32(corpora: dict, tokens: dict, seconds: float, rounds: int 
     only waits), a run of each in turn per round at 64 clients, one mixed text per request.
     Servers measured minutes apart drift apart with the shared machine; runs side by side do not."""
     texts_per_s: dict[str, list[float]] = {"float32": [], "int8": []}
-    with _serving("float32", corpora, tokens) as fp32, _serving("int8", corpora, tokens) as int8:
+    with _serving("float32", corpora, tokens, {64}) as fp32, _serving("int8", corpora, tokens, {64}) as int8:
         # Warm again: the fp32 server idled while the int8 one was built and warmed up.
         warm_up(*fp32, corpora["mixed"], tokens["mixed"], seconds={64: WARMUP_SECONDS[64]})
         for round_ in range(rounds):
