@@ -269,21 +269,26 @@ _LIST_OVERHEAD_BYTES = 256
 
 
 def max_answer_bytes(count: int, dimensions: int, output_dtype: str, encoding_format: str,
-                     model_name: str = "") -> int:
-    """An upper bound of the bytes an embedding answer of `count` vectors takes, on any route,
-    computed before embedding: what must fit TorchServe's max_response_size."""
+                     model_name: str = "", route: Route | None = None) -> int:
+    """An upper bound of the bytes an embedding answer of `count` vectors takes on `route` (None:
+    any route), computed before embedding: what must fit TorchServe's max_response_size."""
     values = -(-dimensions // 8) if output_dtype in ("binary", "ubinary") else dimensions
     if encoding_format == "base64":
-        value_bytes = 4 if output_dtype == "float" else 1
-        row = 4 * -(-values * value_bytes // 3)
+        row = 4 * -(-values * _base64_value_bytes(output_dtype, route) // 3)
     else:
         row = values * (_FLOAT_JSON_BYTES if output_dtype == "float" else _CODE_JSON_BYTES)
     return count * (row + _ROW_OVERHEAD_BYTES) + _LIST_OVERHEAD_BYTES + len(model_name)
 
 
+def _base64_value_bytes(output_dtype: str, route: Route | None) -> int:
+    """Bytes one value takes before base64: 4 (float32) for floats, and for codes on the OpenAI
+    route, whose clients decode base64 as float32 whatever was asked; 1 for codes elsewhere."""
+    return 4 if output_dtype == "float" or route in (None, Route.OPENAI) else 1
+
+
 def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_name: str, prompt_tokens: int) -> bytes:
     """(n, d) vectors, already in the requested output dtype, in the route's shape."""
-    rows = [_encode_vector(row, request.options.encoding_format) for row in vectors]
+    rows = [_encode_vector(row, request.options.encoding_format, request.route) for row in vectors]
     if request.route.tei:
         return _dumps(rows)
     return _dumps({
@@ -294,10 +299,14 @@ def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_n
     })
 
 
-def _encode_vector(row: np.ndarray, encoding_format: str) -> np.ndarray | str:
+def _encode_vector(row: np.ndarray, encoding_format: str, route: Route) -> np.ndarray | str:
     if encoding_format == "base64":
-        # OpenAI's encoding for floats: little-endian float32 bytes. Quantized rows are bytes already.
-        data = row.astype("<f4") if row.dtype.kind == "f" else row
+        # Floats are OpenAI's encoding: little-endian float32 bytes. Codes go the same way on the
+        # OpenAI route, because OpenAI clients (the official one asks for base64 by default)
+        # decode every base64 embedding as float32; on the other routes they go compact, one
+        # byte a code, to callers that asked for base64 knowing the dtype.
+        compact = row.dtype.kind != "f" and route is not Route.OPENAI
+        data = row if compact else row.astype("<f4")
         return base64.b64encode(data.tobytes()).decode("ascii")
     return np.ascontiguousarray(row)  # serialized by orjson straight from the array
 

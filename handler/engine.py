@@ -468,13 +468,18 @@ class EmbeddingEngine:
         if options.dimensions is not None and options.dimensions > self.encoder.dimension:
             raise unprocessable(f"'dimensions' must be at most the model's dimension {self.encoder.dimension}, "
                                 f"got {options.dimensions}", param="dimensions")
-        answer = max_answer_bytes(len(request.inputs), options.dimensions or self.encoder.dimension,
-                                  options.output_dtype, options.encoding_format, self.model_name)
+        def answer_bytes(encoding_format: str) -> int:
+            return max_answer_bytes(len(request.inputs), options.dimensions or self.encoder.dimension,
+                                    options.output_dtype, encoding_format, self.model_name, request.route)
+
+        answer = answer_bytes(options.encoding_format)
         if answer > self.settings.max_response_bytes:
+            # base64 is no smaller for codes on the OpenAI route (4 bytes each): suggest it only where it helps.
+            smaller = ", or \"encoding_format\": \"base64\"" if answer_bytes("base64") < answer else ""
             raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
                             f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
-                            "per answer: send fewer inputs per request, fewer 'dimensions', or "
-                            "\"encoding_format\": \"base64\"", param=request.field)
+                            f"per answer: send fewer inputs per request, fewer 'dimensions'{smaller}",
+                            param=request.field)
         if options.output_dtype in SCALAR_DTYPES and not normalize:
             raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] and needs "
                                 "normalized embeddings; drop \"normalize\": false or use float/binary",

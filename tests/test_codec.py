@@ -159,11 +159,29 @@ def test_tei_shape_response_is_a_bare_list():
     assert body == [[0.5, -0.25]]
 
 
-def test_base64_is_little_endian_float32_or_raw_bytes():
-    floats = np.array([[0.1, -2.5, 3.25]], dtype=np.float32)
-    request = EmbeddingRequest(Route.OPENAI, options=Options(encoding_format="base64"))
-    body = json.loads(encode_embeddings(request, floats, model_name="m", prompt_tokens=1))
-    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), "<f4"), floats[0])
-    codes = np.array([[-128, 0, 127]], dtype=np.int8)
+# The widest values of each output dtype, as quantize gives them.
+CODES = {
+    "float": np.array([[0.1, -2.5, 3.25, -0.0000053924714]], dtype=np.float32),
+    "int8": np.array([[-128, -1, 0, 127]], dtype=np.int8),
+    "uint8": np.array([[0, 1, 128, 255]], dtype=np.uint8),
+    "binary": np.array([[-128, -1, 0, 127]], dtype=np.int8),  # packed bits, shifted by -128
+    "ubinary": np.array([[0, 1, 128, 255]], dtype=np.uint8),  # packed bits
+}
+
+
+@pytest.mark.parametrize("output_dtype", list(CODES))
+@pytest.mark.parametrize("route", [Route.NATIVE, Route.OPENAI, Route.TEI_EMBED])
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_every_dtype_route_and_encoding_decodes_to_the_codes(output_dtype, route, encoding_format):
+    codes = CODES[output_dtype]
+    request = EmbeddingRequest(route, options=Options(output_dtype=output_dtype, encoding_format=encoding_format))
     body = json.loads(encode_embeddings(request, codes, model_name="m", prompt_tokens=1))
-    np.testing.assert_array_equal(np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), np.int8), codes[0])
+    [row] = body if route.tei else [d["embedding"] for d in body["data"]]
+    if encoding_format == "float":
+        got = np.array(row, dtype=np.float32)  # JSON numbers, read back as float32 round-trips exactly
+    elif route is Route.OPENAI or output_dtype == "float":
+        # What OpenAI clients do with every base64 embedding, whatever the output dtype.
+        got = np.frombuffer(base64.b64decode(row), "<f4")
+    else:  # compact: one byte a code, in the dtype's own type
+        got = np.frombuffer(base64.b64decode(row), codes.dtype)
+    np.testing.assert_array_equal(got, codes[0])

@@ -32,9 +32,11 @@ def test_the_answer_bound_holds_for_the_longest_numbers(route, output_dtype, enc
     rows = np.full((40, 384), widest, dtype=np.float32)
     request = EmbeddingRequest(route, ("x",) * 40, Options(output_dtype=output_dtype, encoding_format=encoding_format))
     body = encode_embeddings(request, quantize(rows, output_dtype), model_name="m" * 60, prompt_tokens=10**9)
-    bound = max_answer_bytes(40, 384, output_dtype, encoding_format, "m" * 60)
-    assert len(body) <= bound
-    if output_dtype == "float":  # and not so loose that it refuses what would fit
+    bound = max_answer_bytes(40, 384, output_dtype, encoding_format, "m" * 60, route)
+    assert len(body) <= bound <= max_answer_bytes(40, 384, output_dtype, encoding_format, "m" * 60)  # any route
+    # Not so loose that it refuses what would fit: floats, and base64 on the OpenAI route, where
+    # codes take 4 bytes each as floats do.
+    if output_dtype == "float" or (encoding_format == "base64" and route is Route.OPENAI):
         assert bound <= 1.25 * len(body)
 
 
@@ -50,6 +52,21 @@ def test_an_answer_too_large_for_the_frontend_is_refused_before_computing(tiny_m
     assert report.inputs == len(SHORT) + 40  # the refused requests were never embedded
     responses, _, _ = answers(engine, [{"input": texts, "dimensions": 8}])
     assert responses[0].status == 200  # fewer dimensions fit
+
+
+def test_base64_codes_on_the_openai_route_are_bounded_as_float32(tiny_model_dir):
+    # 40 x 32 int8 codes in base64: 44 characters a row, one byte a code, on the native route;
+    # 172 on the OpenAI route, 4 bytes a code, as OpenAI clients decode them.
+    engine = make_engine(tiny_model_dir, max_response_bytes=6_000)
+    texts = [f"text {i}" for i in range(40)]
+    base64_codes = {"input": texts, "output_dtype": "int8", "encoding_format": "base64"}
+    responses, _, _ = answers(engine, [base64_codes])
+    assert responses[0].status == 200
+    responses, bodies, report = answers(engine, [base64_codes, {"input": texts, "output_dtype": "int8"}],
+                                        url_path="v1/embeddings")
+    assert [r.status for r in responses] == [413, 413] and report.inputs == 0
+    # JSON codes (at most 5 bytes each) are smaller than base64 there, so base64 is not suggested.
+    assert all("base64" not in body["error"]["message"] for body in bodies)
 
 
 def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny_engine):

@@ -256,6 +256,21 @@ def test_openai_client_base64_with_dimensions_and_quantized_output(server, refer
     assert packed.data[0].embedding == np.packbits(full[0] > 0).tolist()
 
 
+@pytest.mark.parametrize("output_dtype", ["float", "int8", "uint8", "binary", "ubinary"])
+def test_openai_client_default_base64_decodes_to_what_float_gives(server, output_dtype):
+    # The client asks for base64 unless told otherwise and decodes it as float32, whatever the
+    # output dtype: codes must come back as the same numbers as JSON gives them.
+    client = openai_client(server)
+    texts = ["hello world", "the cat"]
+    extra = {"output_dtype": output_dtype}
+    default = client.embeddings.create(model="tiny", input=texts, extra_body=extra)
+    floats = client.embeddings.create(model="tiny", input=texts, encoding_format="float", extra_body=extra)
+    got = np.array([d.embedding for d in default.data], dtype=np.float32)
+    want = np.array([d.embedding for d in floats.data], dtype=np.float32)  # JSON's shortest float32, exactly
+    assert got.shape == (2, 4 if output_dtype.endswith("binary") else 32)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_prompt_name_through_the_server(server, reference):
     response = predict(server, {"input": ["the cat"], "prompt_name": "query"})
     np.testing.assert_allclose(vectors(response)[0], reference(["query: the cat"])[0], atol=1e-5)
