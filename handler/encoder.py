@@ -13,6 +13,7 @@ CUDA context, so it is raised as DeviceFailure for the worker to exit and be rep
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -30,7 +31,8 @@ from transformers.utils import logging as transformers_logging
 
 from handler.batching import Replay, padded_length, plan_sub_batches
 from handler.cpu_lending import CpuLending
-from handler.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner, ladder
+from handler.attention_mask import mask_builder
+from handler.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner, ladder, release_memory
 from handler.head import load_head
 from handler.model_files import HeadModule, Pooling
 from handler.onnx_runtime import OnnxTransformer, onnx_file
@@ -110,7 +112,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
     if int8 and on_gpu:
         raise ValueError("handler setting 'dtype': int8 is a CPU mode; use float16 or bfloat16 on CUDA")
     if settings.dtype == "auto":
-        dtype = torch.float16 if on_gpu else torch.float32
+        dtype = _gpu_dtype(model_dir) if on_gpu else torch.float32
     else:
         dtype = torch.float32 if int8 else _DTYPES[settings.dtype]  # int8 loads fp32, then quantizes
     if not on_gpu and dtype == torch.float16:
@@ -137,6 +139,18 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         engine=engine,
         packed=settings.packed,
     )
+
+
+def _gpu_dtype(model_dir: Path | None) -> torch.dtype:
+    """Half precision on a GPU: float16, unless the checkpoint was saved in bfloat16. Models
+    trained in bfloat16 (the Qwen family) can hold activations beyond float16's range (65504),
+    which overflow to inf in float16; bfloat16 has float32's range."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text()) if model_dir else {}
+    except (OSError, ValueError):
+        config = {}
+    saved = config.get("dtype") or config.get("torch_dtype")  # transformers 5 writes "dtype"
+    return torch.bfloat16 if saved == "bfloat16" else torch.float16
 
 
 def worker_device(setting: str, gpu_id: int | None, cuda_available: bool) -> torch.device:
@@ -255,7 +269,7 @@ class Encoder:
 
     def __init__(self, model_dir: str | Path, placement: Placement, *, pooling: Pooling,
                  head: Sequence[HeadModule] = (), pad_id: int, max_batch_size: int, pass_overhead_tokens: int,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, max_length: int | None = None):
         self.model_dir = Path(model_dir)
         self.placement = placement
         self.pooling = pooling
@@ -266,6 +280,9 @@ class Encoder:
         self.replay_overhead_tokens = pass_overhead_tokens
         # Tokens per input the position embeddings allow; None for rotary models.
         self.max_positions = max_positions
+        # The longest input the engine ever passes (truncated, special tokens included), the
+        # longest packed graphs take; None: max_positions.
+        self.max_length = max_length
         make_current(placement.device)  # before the model, streams and graphs take GPU memory
         if placement.cpu_threads:
             torch.set_num_threads(placement.cpu_threads)
@@ -280,6 +297,8 @@ class Encoder:
         else:
             self.model = self._load_model()
             self.transformer = self._torch_transformer
+        # The model's 4D attention mask, built without reading the device (None: the model builds its own).
+        self._attention_mask = None if self.model is None else mask_builder(self.model)
         self.faults = FaultInjection.from_env()
         pooled_width = int(AutoConfig.from_pretrained(self.model_dir).hidden_size) * len(pooling.modes)
         self.head, self.dimension = load_head(self.model_dir, head, pooled_width, placement.device)
@@ -303,7 +322,9 @@ class Encoder:
                 log.warning("packed passes run eagerly: CUDA graphs need the %s attention kernel; this worker's "
                             "is %s", VARLEN_FLASH, kernel)
                 return
-            max_len = self.max_positions or placement.max_batch_tokens
+            # Flash attention launches blocks for max_len tokens in every slot: the engine's limit,
+            # which no input exceeds, not the position table's (a longer input's pass runs eagerly).
+            max_len = self.max_length or self.max_positions or placement.max_batch_tokens
             largest = min(placement.max_batch_tokens, self.max_batch_size * max_len)
             packed = PackedGraphRunner.capture(self.passes.run_eager, token_ladder(largest),
                                                max_inputs=self.max_batch_size, max_len=max_len, **common)
@@ -365,6 +386,9 @@ class Encoder:
             log.warning("SDPA attention unavailable (%s); using eager attention", err)
             model = AutoModel.from_pretrained(self.model_dir, **kwargs)
         model = model.to(self.placement.device).eval()
+        # An embedding pass never decodes further: a key/value cache (Qwen3 and other decoders
+        # build one by default) would only hold every layer's keys and values to the pass's end.
+        model.config.use_cache = False
         if self.placement.int8:
             model = quantize_int8(model, keep_fp32=self.placement.int8_fp32_layers)
         if self.placement.compile:
@@ -506,11 +530,12 @@ class Encoder:
         return pooled if self.head is None else self.head(pooled)
 
     def _torch_transformer(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        if self._attention_mask is not None:
+            attention = self._attention_mask(attention)  # (batch, 1, seq, seq): no host read
         return self.model(input_ids=ids, attention_mask=attention).last_hidden_state
 
     def _release_memory(self) -> None:
-        if self.placement.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(self.placement.device)
 
     def _pad(self, rows: list[Sequence[int]], unpooled: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-pad to the longest row, rounded up to the placement's multiple; the mask marks

@@ -9,13 +9,15 @@ the worker's GPU: that needs a GPU. Where torch.cuda is mocked, it is only to se
 the code names."""
 
 import contextlib
+import json
 import logging
 from unittest import mock
 
 import pytest
 import torch
 
-from handler.cuda_graphs import Bucket, GraphRunner, StaticGraph, choose, ladder
+from handler.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, _relative_error, choose,
+                                 forward_synchronizes, ladder)
 from handler.encoder import make_current, resolve_placement, worker_device
 from handler.settings import Settings
 from tests.conftest import make_engine
@@ -148,21 +150,211 @@ class FailingWarmUp(EagerStandIn):
         return super().warm_up()
 
 
-def test_a_failed_capture_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
+def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
+    # After one failed capture the allocator may still record into the shared pool: no later
+    # capture is tried, and the graphs already captured are dropped too.
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     encoder = engine.encoder
     ids = engine.token_ids(TEXTS * 3)
     eager = encoder.embed(ids).vectors
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
-    for graph_type, failed in ((FailingCapture, {Bucket(2, 16), Bucket(4, 32)}), (FailingWarmUp, {Bucket(8, 32)})):
-        caplog.clear()
-        with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
-            encoder.graphs = runner_for(encoder, buckets, graph_type=graph_type)
-        assert set(encoder.graphs.graphs) == set(buckets) - failed  # the rest are captured
-        for bucket in failed:
-            assert any(f"bucket {bucket} runs eagerly" in line and "Error" in line for line in caplog.messages)
-        torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    FailingCapture.captured = []
+    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+        encoder.graphs = runner_for(encoder, buckets, graph_type=FailingCapture)
+    assert encoder.graphs.graphs == {} and encoder.graphs.buckets == []
+    assert FailingCapture.captured == [Bucket(8, 32), Bucket(8, 16)]  # largest first, none after 4x32 failed
+    assert any("none for this worker: the capture of bucket 4x32 failed" in line and "OutOfMemoryError" in line
+               for line in caplog.messages)
+    torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
     encoder.graphs = None
+
+
+def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
+    engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
+    encoder = engine.encoder
+    ids = engine.token_ids(TEXTS * 3)
+    eager = encoder.embed(ids).vectors
+    buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+        encoder.graphs = runner_for(encoder, buckets, graph_type=FailingWarmUp)
+    assert set(encoder.graphs.graphs) == set(buckets) - {Bucket(8, 32)}  # the rest are captured
+    assert any("bucket 8x32 runs eagerly" in line and "Error" in line for line in caplog.messages)
+    torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    encoder.graphs = None
+
+
+class CapturedGraph:
+    """torch.cuda.CUDAGraph after a legal capture (replay is not called by the capture path)."""
+
+    def __init__(self, allocator: "Allocator"):
+        self.allocator = allocator
+
+    def capture_begin(self, pool=None):
+        pass
+
+    def capture_end(self):
+        pass
+
+
+class InvalidatedGraph(CapturedGraph):
+    """torch.cuda.CUDAGraph after its stream met an operation a capture refuses: `capture_end`
+    raises, and the allocator may be left recording into the pool."""
+
+    def capture_end(self):
+        self.allocator.recording = True
+        raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+
+class Allocator:
+    """torch.cuda's caching allocator as seen by the capture code: `empty_cache` trips its
+    internal assert once a capture has ended in error (captures_underway is not empty)."""
+
+    def __init__(self):
+        self.recording = False
+        self.emptied = 0
+
+    def empty_cache(self):
+        if self.recording:
+            raise RuntimeError("INTERNAL ASSERT FAILED at CUDACachingAllocator.cpp: captures_underway.empty()")
+        self.emptied += 1
+
+
+@contextlib.contextmanager
+def fake_cuda(named: list | None = None, graph_type: type = CapturedGraph, allocator: Allocator | None = None):
+    """torch.cuda's entry points the capture code calls, on a machine without a GPU: `named`
+    records which device each names; `graph_type` stands in for torch.cuda.CUDAGraph; the
+    sync-debug mode is accepted (a CPU has nothing to synchronize with)."""
+    named = [] if named is None else named
+    allocator = allocator or Allocator()
+
+    @contextlib.contextmanager
+    def current_device(device):
+        named.append(("current device", device))
+        yield
+
+    class Stream:
+        def __init__(self, device=None):
+            named.append(("new stream", device))
+
+        def wait_stream(self, other):
+            pass
+
+    def current_stream(device=None):
+        named.append(("current stream", device))
+        return Stream.__new__(Stream)
+
+    modes = []
+    with mock.patch("torch.cuda.device", current_device), mock.patch("torch.cuda.Stream", Stream), \
+            mock.patch("torch.cuda.current_stream", current_stream), \
+            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
+            mock.patch("torch.cuda.graph_pool_handle", lambda: named.append(("pool", None))), \
+            mock.patch("torch.cuda.CUDAGraph", lambda: graph_type(allocator)), mock.patch("torch.cuda.synchronize"), \
+            mock.patch("torch.cuda.get_sync_debug_mode", lambda: 0), \
+            mock.patch("torch.cuda.set_sync_debug_mode", modes.append), \
+            mock.patch("torch.cuda.empty_cache", allocator.empty_cache):
+        yield modes
+
+
+class CapturedOnCpuBuffers(StaticGraph):
+    """The real capture path (StaticPass.capture) on buffers kept on the CPU; the warm-up's
+    memory reading is the stand-in's."""
+
+    warm_up = EagerReplay.warm_up
+
+    def __init__(self, bucket, forward, pad_id, device):
+        super().__init__(bucket, forward, pad_id, torch.device("cpu"))
+        self.device = device  # what the capture code names: the worker's GPU
+
+    def replay(self) -> None:
+        self.output = self.compute()
+
+
+def test_an_invalidated_capture_drops_the_graphs_and_never_empties_the_cache(tiny_model_dir, caplog, monkeypatch):
+    import handler.cuda_graphs as cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "_capture_failed", False)  # process state this test changes
+    encoder = make_engine(tiny_model_dir).encoder
+    device, allocator = torch.device("cuda:0"), Allocator()
+    with fake_cuda(graph_type=InvalidatedGraph, allocator=allocator), torch.inference_mode(), \
+            caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+        runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
+                                     device=device, vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
+                                     tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
+        assert allocator.recording and allocator.emptied == 1  # once, after the warm-ups; never after the capture
+        cuda_graphs.release_memory(device)  # what an out-of-memory retry calls later: no assert
+    assert runner.graphs == {} and runner.buckets == []
+    assert any("none for this worker: the capture of bucket 4x8 failed" in line for line in caplog.messages)
+
+
+def test_a_legal_capture_on_the_same_path_keeps_its_graphs(tiny_model_dir):
+    encoder = make_engine(tiny_model_dir).encoder
+    with fake_cuda() as sync_modes, torch.inference_mode():
+        runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
+                                     device=torch.device("cuda:0"), vocab_size=encoder.model.config.vocab_size,
+                                     max_bytes=1 << 40, tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
+    assert runner.buckets == [Bucket(2, 8), Bucket(4, 8)]
+    assert sync_modes == ["error", 0]  # the forward was checked with synchronizations made errors, then restored
+
+
+def test_a_forward_that_reads_the_device_gets_no_graphs(tiny_model_dir, caplog):
+    # MPNet's position bias copies a host tensor in; any `.item()` or `if tensor:` reads the device.
+    encoder = make_engine(tiny_model_dir).encoder
+
+    def reads(ids, mask):
+        if mask.sum() > 0:  # a host read, as transformers' `padding_mask.all()` check is
+            return encoder._pooled(ids, mask)
+        return encoder._pooled(ids, mask)
+
+    with fake_cuda(), torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+        runner = GraphRunner.capture(reads, [Bucket(2, 8)], pad_id=encoder.pad_id, device=torch.device("cuda:0"),
+                                     vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
+                                     tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
+    assert runner.graphs == {}
+    assert any("none for this model: its forward pass reads the device from the host (is_nonzero)" in line
+               for line in caplog.messages)
+
+
+def test_forward_synchronizes_names_what_read_the_device():
+    cpu = torch.device("cpu")
+    x = torch.ones(4)
+    assert forward_synchronizes(lambda: x * 2, cpu) is None
+    for read in (lambda: (x * 2).sum().item(), lambda: bool(x.all()), lambda: x.nonzero()):
+        for mode in (torch.inference_mode(), contextlib.nullcontext()):  # torch dispatches them differently
+            with mode:
+                assert forward_synchronizes(read, cpu).startswith("reads the device from the host (")
+
+
+@pytest.mark.parametrize("family", ["bert_dense", "xlmr", "mpnet"])
+def test_an_eager_padded_pass_reads_nothing_from_the_device(families, family):
+    # transformers asks `padding_mask.all()` of a 2D mask (a host synchronization per pass); the
+    # encoder hands these encoders their 4D mask built without it (handler/attention_mask.py).
+    encoder = make_engine(families[family]).encoder
+    ids = torch.randint(5, 60, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.inference_mode():
+        assert forward_synchronizes(lambda: encoder._pooled(ids, mask), torch.device("cpu")) is None
+        own = encoder.model(input_ids=ids, attention_mask=mask).last_hidden_state  # the model's own mask
+        torch.testing.assert_close(encoder._torch_transformer(ids, mask), own, atol=0, rtol=0)
+
+
+def test_the_bfloat16_replay_tolerance_refuses_a_two_percent_error_and_passes_padding(tiny_model_dir):
+    # What padding alone does to a bfloat16 pass: the same rows padded into a larger shape.
+    engine = make_engine(tiny_model_dir, dtype="bfloat16")
+    encoder = engine.encoder
+    ids = torch.randint(5, 60, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    padded_ids = torch.full((8, 32), encoder.pad_id)
+    padded_mask = torch.zeros_like(padded_ids)
+    padded_mask[:, 0] = 1
+    padded_ids[:3, :12], padded_mask[:3, :12] = ids, mask
+    with torch.inference_mode():
+        alone, padded = encoder._pooled(ids, mask), encoder._pooled(padded_ids, padded_mask)[:3]
+    tolerance = REPLAY_TOLERANCE[torch.bfloat16]
+    assert _relative_error(padded, alone) <= tolerance
+    strayed = alone + 0.02 * alone.norm(dim=-1, keepdim=True) * torch.nn.functional.normalize(torch.randn_like(alone), dim=-1)
+    assert _relative_error(strayed, alone) > tolerance
 
 
 class MaskIgnoringReplay(EagerStandIn):
@@ -275,28 +467,7 @@ def test_capture_makes_its_stream_and_pool_on_the_worker_gpu(tiny_model_dir):
     encoder = make_engine(tiny_model_dir).encoder
     device = torch.device("cuda:1")
     named: list[tuple[str, object]] = []
-
-    @contextlib.contextmanager
-    def current_device(device):
-        named.append(("current device", device))
-        yield
-
-    class Stream:
-        def __init__(self, device=None):
-            named.append(("new stream", device))
-
-        def wait_stream(self, other):
-            pass
-
-    def current_stream(device=None):
-        named.append(("current stream", device))
-        return Stream.__new__(Stream)
-
-    with mock.patch("torch.cuda.device", current_device), mock.patch("torch.cuda.Stream", Stream), \
-            mock.patch("torch.cuda.current_stream", current_stream), \
-            mock.patch("torch.cuda.stream", lambda stream: contextlib.nullcontext()), \
-            mock.patch("torch.cuda.graph_pool_handle", lambda: named.append(("pool", None))), \
-            mock.patch("torch.cuda.empty_cache"), torch.inference_mode():
+    with fake_cuda(named, graph_type=CapturedGraph), torch.inference_mode():
         runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8)], pad_id=encoder.pad_id, device=device,
                                      vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CpuBuffers)
@@ -344,3 +515,20 @@ def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
         Encoder._to_host(vectors)
     on_cpu = torch.zeros(2, 3)
     assert Encoder._to_host(on_cpu) is on_cpu
+
+
+@pytest.mark.parametrize("saved, expected", [("bfloat16", torch.bfloat16), ("float32", torch.float32),
+                                             ("float16", torch.float16), (None, torch.float16)])
+def test_auto_dtype_on_a_gpu_follows_a_bfloat16_checkpoint(tmp_path, saved, expected):
+    # Models trained in bfloat16 (the Qwen family) can overflow float16's range.
+    expected = torch.float16 if expected == torch.float32 else expected  # half precision on a GPU
+    key = "dtype" if saved == "bfloat16" else "torch_dtype"  # transformers 5 writes the first, 4.x the second
+    (tmp_path / "config.json").write_text(json.dumps({key: saved} if saved else {}))
+    placement = resolve_placement(Settings(device="cuda"), gpu_id=0, workers=1, cuda_available=True,
+                                  model_dir=tmp_path)
+    assert placement.dtype == expected
+    forced = resolve_placement(Settings(device="cuda", dtype="float16"), gpu_id=0, workers=1, cuda_available=True,
+                               model_dir=tmp_path)
+    assert forced.dtype == torch.float16  # a dtype setting still forces the choice
+    on_cpu = resolve_placement(Settings(device="cpu"), gpu_id=None, workers=1, cuda_available=False, model_dir=tmp_path)
+    assert on_cpu.dtype == torch.float32

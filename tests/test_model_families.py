@@ -216,3 +216,15 @@ def test_cache_keys_tell_excluded_prompt_tokens_apart(tiny_model_dir):
 
     cache = EmbeddingCache("m", None, None)
     assert cache.key([1, 2, 3]) == cache.key([1, 2, 3], 0) != cache.key([1, 2, 3], 2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_pass_builds_no_key_value_cache(family, engines):
+    # Decoders (Qwen3) cache every layer's keys and values by default: memory held to the end of
+    # the pass for nothing, since an embedding pass never decodes further.
+    model = engines[family].encoder.model
+    ids = torch.randint(5, 60, (2, 9))
+    with torch.inference_mode():
+        output = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert getattr(output, "past_key_values", None) is None and getattr(output, "cache", None) is None
+    assert model.config.use_cache is False
