@@ -81,8 +81,9 @@ class Settings:
     max_response_bytes: int = 6_553_600
     # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
     # (pairs over max_batch_tokens or the position embeddings are skipped) and replay it for
-    # passes that fit a bucket; a bucket whose pass needs more than cuda_graph_max_mb, or whose
-    # capture fails, runs eagerly (handler/cuda_graphs.py). Packed passes are captured per size
+    # passes that fit a bucket; a bucket whose pass needs more than cuda_graph_max_mb runs eagerly,
+    # and a model whose forward synchronizes, or a failed capture, leaves every pass eager
+    # (handler/cuda_graphs.py). Packed passes are captured per size
     # in total tokens instead (handler/packed_graphs.py). Ignored on a CPU.
     cuda_graphs: bool = False
     cuda_graph_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
