@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 BENCH_GPU_OUT ?= bench/results/gpu
 
-.PHONY: serve stop test bench bench-gpu loadtest soak mar clean help
+.PHONY: serve stop test bench bench-gpu gpu-travel loadtest soak mar clean help
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
@@ -14,6 +14,7 @@ help:
 	@echo "make test   - install the test extras and run the whole suite"
 	@echo "make bench  - benchmark against sentence-transformers; results in bench/results/"
 	@echo "make bench-gpu - the GPU path in one run (CUDA when available, else CPU mode); results in $(BENCH_GPU_OUT)/"
+	@echo "make gpu-travel - what scripts/gpu_run.sh needs on a GPU machine without network, in build/gpu/ (docs/gpu.md)"
 	@echo "make loadtest - Locust load test of every route (starts the server if needed); report in bench/results/"
 	@echo "make soak   - 10-minute memory soak and kill -9 recovery (MiniLM); results in bench/results/"
 	@echo "make mar    - (re)build the default model archive"
@@ -40,6 +41,9 @@ bench: $(VENV)/.installed-bench
 
 bench-gpu: $(VENV)/.installed-bench
 	$(PY) -m bench.gpu --out $(BENCH_GPU_OUT) $(BENCH_GPU_ARGS)
+
+gpu-travel: $(VENV)/.installed
+	@bash scripts/gpu_travel.sh
 
 loadtest: $(VENV)/.installed-bench $(MAR)
 	@bash scripts/require_java.sh

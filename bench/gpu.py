@@ -2,6 +2,7 @@
 
     python -m bench.gpu --out DIR [--device auto|cuda|cpu] [--model PATH] [--set key=value ...]
     python -m bench.gpu --write-fp16-copy DIR [--model PATH]
+    python -m bench.gpu --replot DIR
 
 Writes DIR/gpu.json and DIR/gpu.png (docs/gpu.md says how to run it on a GPU machine):
 1. the environment: versions, the GPU, the SDPA backends enabled and which of them run a padded
@@ -19,9 +20,13 @@ Writes DIR/gpu.json and DIR/gpu.png (docs/gpu.md says how to run it on a GPU mac
 5. the engine's whole `handle` on TorchServe batches of one-text JSON requests: texts/s and the
    time split prepare / model / encode;
 6. peak memory, graph capture and start-up times; then the targets.
+gpu.json is rewritten after each section (`complete`: false until the end), so a run stopped by a
+time limit still leaves what it measured; a section that fails is recorded under `errors` and
+the next one runs.
 With --device cpu (CI) the same steps run on a tiny random model in fp32 and bf16, without graphs.
 --write-fp16-copy writes the model folder with float16 weights (half the bytes) and exits: the
-copy to carry to a machine that cannot download the model.
+copy to carry to a machine that cannot download the model. --replot draws DIR/gpu.png from
+DIR/gpu.json (for a report from a machine without matplotlib).
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -66,6 +73,11 @@ PEAK_TFLOPS = (
     ("h100 pcie", 756.5, "H100 PCIe"),
     ("h100", 989.4, "H100 SXM"),
 )
+# Graphs against the same passes run eagerly: the cosine, blind to a change of length, and the
+# largest distance between two rows relative to the eager row's length (handler/cuda_graphs.py's
+# measure), which a 3% replay error fails whatever its direction.
+GRAPHS_MIN_COSINE = 0.9999
+GRAPHS_MAX_REL_ERROR = 0.01
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
@@ -94,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="a handler setting for every engine (JSON values: --set max_batch_tokens=32768)")
     parser.add_argument("--write-fp16-copy", type=Path, metavar="DIR",
                         help="write the model folder with float16 weights to DIR and exit")
+    parser.add_argument("--replot", type=Path, metavar="DIR", help="draw DIR/gpu.png from DIR/gpu.json and exit")
     args = parser.parse_args(argv)
+
+    if args.replot:
+        plot(json.loads((args.replot / "gpu.json").read_text()), args.replot / "gpu.png")
+        print(f"wrote {args.replot / 'gpu.png'}", file=sys.stderr)
+        return 0
 
     if args.write_fp16_copy:
         source = args.model or _default_model()
@@ -111,24 +129,41 @@ def main(argv: list[str] | None = None) -> int:
                 args.saturation_texts or default.saturation_texts, default.best_of)
     overrides = dict(_setting(item) for item in args.set)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
-        results = run(Path(scratch), args.model, cuda, plan, overrides)
-    results["duration_s"] = round(time.perf_counter() - started, 1)
-    results["targets"] = check_targets(results)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(results, indent=2))
-    wrote = [args.out / "gpu.json"]
+    report = args.out / "gpu.json"
+    report.unlink(missing_ok=True)  # no figures of an earlier run under this run's name
+
+    def checkpoint(results: dict) -> None:
+        results["duration_s"] = round(time.perf_counter() - started, 1)
+        report.write_text(json.dumps({**results, "complete": False}, indent=2))
+
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch, PeakMemory(torch.cuda if cuda else None) as memory:
+        results = run(Path(scratch), args.model, cuda, plan, overrides, memory, checkpoint)
+    results["duration_s"] = round(time.perf_counter() - started, 1)
+    try:
+        results["targets"] = check_targets(results)
+    except Exception:  # a section is missing (see errors): the figures still count
+        results["targets"] = []
+        results.setdefault("errors", {})["targets"] = traceback.format_exc()[-4000:]
+    results["complete"] = True
+    report.write_text(json.dumps(results, indent=2))
+    wrote = [report]
     try:
         plot(results, args.out / "gpu.png")
         wrote.append(args.out / "gpu.png")
-    except ImportError as err:  # matplotlib is in the bench extras only
+    except ImportError as err:  # matplotlib is in the bench extras only: python -m bench.gpu --replot later
         print(f"no plot ({err})", file=sys.stderr)
+    except Exception as err:  # a missing section; gpu.json holds what there is
+        print(f"no plot ({type(err).__name__}: {err})", file=sys.stderr)
     print(json.dumps(results["targets"], indent=2))
+    if "errors" in results:
+        print(f"sections that failed: {', '.join(results['errors'])}", file=sys.stderr)
     print(f"wrote {' and '.join(map(str, wrote))} in {results['duration_s']} s", file=sys.stderr)
     return 0
 
 
-def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: dict) -> dict:
+def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: dict, memory: "PeakMemory",
+        checkpoint=lambda results: None) -> dict:
     device = "cuda" if cuda else "cpu"
     primary_dtype = "float16" if cuda else "float32"
     # The modes checked for correctness: (dtype, CUDA graphs).
@@ -145,13 +180,14 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
         "engines": {},
         "memory_mib": {},
     }
-    bench = Bench(device, overrides, results["engines"])
+    bench = Bench(device, overrides, results["engines"], memory)
+    checkpoint(results)
     primary = models["minilm"][0]
     corpus = mixed_corpus(primary / "tokenizer.json", max(plan.texts, plan.saturation_texts))
     texts = corpus[: plan.texts]
 
     _progress(f"{models['minilm'][1]}: fp32 reference, one text at a time ...")
-    _reset_peak(cuda)
+    minilm_memory = memory.open()
     reference_engine = bench.engine("reference_float32", primary, dtype="float32", max_batch_size=1, unpadded=True,
                                     warmup=False)
     reference = reference_engine.encoder.embed(reference_engine.token_ids(texts)).vectors.numpy()
@@ -180,41 +216,63 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
         packed_eager, packed_graphs = (results["engines"][name] for name in packed_names)
         packed_graphs["graph_capture_s"] = round(packed_graphs["startup_s"] - packed_eager["startup_s"], 3)
     results["correctness"] = correctness(engines, [mode_name(*m) for m in modes] + packed_names, texts, reference)
+    checkpoint(results)
     eager, graphs = mode_name(primary_dtype, False), mode_name("float16", True)
     adversarial_engines = {name: engines[name] for name in (eager, graphs, "float16_graphs_large_bucket",
                                                             *packed_names) if name in engines}
-    results["correctness"]["adversarial"] = adversarial(adversarial_engines, reference_engine)
+    # From here on each section stands alone: one that fails leaves its error and the next runs.
+    with _section(results, "adversarial", checkpoint):
+        results["correctness"]["adversarial"] = adversarial(adversarial_engines, reference_engine)
 
     _progress("batch-1 latency ...")
     latency_engines = {"eager": engines[eager], **({"graphs": engines[graphs]} if cuda else {})}
-    results["latency"] = latency(latency_engines, primary, plan.repeats, cuda)
+    with _section(results, "latency", checkpoint):
+        results["latency"] = latency(latency_engines, primary, plan.repeats, cuda)
 
     _progress("saturation ...")
-    peak = peak_flops(cuda)
-    results["peak_flops"] = peak
     saturation_texts = corpus[: plan.saturation_texts]
-    results["saturation"] = {"minilm": saturation(engines[eager], primary, saturation_texts, device, primary_dtype,
-                                                  plan.best_of, peak, reference)}
+    with _section(results, "peak_flops", checkpoint):
+        results["peak_flops"] = peak_flops(cuda)
+    with _section(results, "saturation_minilm", checkpoint):
+        results.setdefault("saturation", {})["minilm"] = saturation(
+            engines[eager], primary, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"],
+            reference)
     _progress("packed against padded passes ...")
     padded = {name: engines[name] for name in (eager, graphs) if name in engines}
-    results["packed"] = packed_against_padded({name.replace(f"{primary_dtype}_", "", 1): engines[name]
-                                               for name in packed_names}, padded, saturation_texts, plan.best_of)
+    with _section(results, "packed", checkpoint):
+        results["packed"] = packed_against_padded({name.replace(f"{primary_dtype}_", "", 1): engines[name]
+                                                   for name in packed_names}, padded, saturation_texts, plan.best_of)
     _progress("the engine's handle on TorchServe batches ...")
-    results["handle"] = {name: handle(engines[name], saturation_texts) for name in [eager, graphs] if name in engines}
-    results["memory_mib"]["minilm"] = _peak_mib(cuda)
+    with _section(results, "handle", checkpoint):
+        results["handle"] = {name: handle(engines[name], saturation_texts) for name in [eager, graphs]
+                             if name in engines}
+    results["memory_mib"]["minilm"] = _mib(memory.close(minilm_memory))
     del reference_engine, engines, adversarial_engines, latency_engines
     _release(cuda)
 
     second = models["bert_base"][0]
     _progress(f"{models['bert_base'][1]}: saturation ...")
-    _reset_peak(cuda)
-    engine = bench.engine(f"bert_base_{primary_dtype}_eager", second, dtype=primary_dtype)
-    results["saturation"]["bert_base"] = saturation(engine, second, saturation_texts, device, primary_dtype,
-                                                    plan.best_of, peak)
-    results["memory_mib"]["bert_base"] = _peak_mib(cuda)
-    del engine
+    bert_memory = memory.open()
+    with _section(results, "saturation_bert_base", checkpoint):
+        engine = bench.engine(f"bert_base_{primary_dtype}_eager", second, dtype=primary_dtype)
+        results.setdefault("saturation", {})["bert_base"] = saturation(
+            engine, second, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"])
+        del engine
+    results["memory_mib"]["bert_base"] = _mib(memory.close(bert_memory))
     _release(cuda)
     return results
+
+
+@contextmanager
+def _section(results: dict, name: str, checkpoint) -> object:
+    """Run the block; an exception in it is recorded under results["errors"][name], not raised
+    (a GPU machine is lent rarely: the other sections' figures must still come back)."""
+    try:
+        yield
+    except Exception as err:
+        _progress(f"{name} failed: {type(err).__name__}: {err}")
+        results.setdefault("errors", {})[name] = traceback.format_exc()[-4000:]
+    checkpoint(results)
 
 
 def mode_name(dtype: str, graphs: bool) -> str:
@@ -223,12 +281,13 @@ def mode_name(dtype: str, graphs: bool) -> str:
 
 class Bench:
     """Starts engines through the public entry points, as a TorchServe worker does, and records
-    each one's start-up time and the device memory it holds."""
+    each one's start-up time, the device memory it holds and the most it held at once starting."""
 
-    def __init__(self, device: str, overrides: dict, records: dict):
+    def __init__(self, device: str, overrides: dict, records: dict, memory: "PeakMemory"):
         self.device = device
         self.overrides = overrides
         self.records = records
+        self.memory = memory
 
     def engine(self, name: str, model_dir: Path, *, unpadded: bool = False, warmup: bool = True,
                **settings) -> EmbeddingEngine:
@@ -240,6 +299,7 @@ class Bench:
             placement = replace(placement, pad_multiple=1)
         _sync(self.device)
         before = torch.cuda.memory_allocated() if self.device == "cuda" else 0
+        window = self.memory.open()
         started = time.perf_counter()
         engine = EmbeddingEngine.load(model_dir, config, placement, "bench")
         if warmup:
@@ -247,8 +307,10 @@ class Bench:
         _sync(self.device)
         record = {"startup_s": round(time.perf_counter() - started, 3),
                   "pass_overhead_tokens": getattr(engine.encoder, "pass_overhead_tokens", None)}
+        startup_peak = self.memory.close(window)
         if self.device == "cuda":
             record["resident_mib"] = round((torch.cuda.memory_allocated() - before) / 2**20, 1)
+            record["startup_peak_mib"] = _mib(startup_peak)
         runner = engine.encoder.graph_runner
         if runner is not None:
             record["graphs_captured"] = len(runner.graphs)
@@ -465,11 +527,16 @@ def compare(vectors: np.ndarray, reference: np.ndarray) -> dict:
     normalized already); rows with NaN or inf are counted, not compared."""
     finite = np.isfinite(vectors).all(axis=1)
     if not finite.any():
-        return {"min_cosine": None, "mean_cosine": None, "max_abs_diff": None, "nan_rows": len(vectors)}
-    a, b = (_unit(x[finite].astype(np.float64)) for x in (vectors, reference))
+        return {"min_cosine": None, "mean_cosine": None, "max_abs_diff": None, "max_rel_error": None,
+                "nan_rows": len(vectors)}
+    got, want = (x[finite].astype(np.float64) for x in (vectors, reference))
+    a, b = _unit(got), _unit(want)
     cosine = (a * b).sum(axis=1)
+    # As served, not normalized: a change of length is an error too (a cosine cannot see it).
+    relative = np.linalg.norm(got - want, axis=1) / np.maximum(np.linalg.norm(want, axis=1), 1e-30)
     return {"min_cosine": round(float(cosine.min()), 6), "mean_cosine": round(float(cosine.mean()), 6),
-            "max_abs_diff": float(np.abs(a - b).max()), "nan_rows": int((~finite).sum())}
+            "max_abs_diff": float(np.abs(a - b).max()), "max_rel_error": round(float(relative.max()), 6),
+            "nan_rows": int((~finite).sum())}
 
 
 def _unit(vectors: np.ndarray) -> np.ndarray:
@@ -715,10 +782,13 @@ def check_targets(results: dict) -> list[dict]:
     adversarial_min = min((row["min_cosine"] for row in adversarial_rows if row["min_cosine"] is not None),
                           default=None)
     nan_rows = sum(row["nan_rows"] for row in [*modes.values(), *adversarial_rows])
-    graph_vs_eager = [row["vs_eager"]["min_cosine"] for row in [*modes.values(), *adversarial_rows]
-                      if "vs_eager" in row and row["vs_eager"]["min_cosine"] is not None]
+    graph_vs_eager = [row["vs_eager"] for row in [*modes.values(), *adversarial_rows] if "vs_eager" in row]
     replays = [row["graph_replays"] for row in adversarial_rows if "graph_replays" in row]
-    graphs_equal = min(graph_vs_eager) if graph_vs_eager else None
+    graphs_cosine = min((row["min_cosine"] for row in graph_vs_eager), key=_worst_first, default=None)
+    graphs_error = max((row.get("max_rel_error") for row in graph_vs_eager), key=_worst_last, default=None)
+    graphs_equal = None if not graph_vs_eager else {"min_cosine": graphs_cosine, "max_rel_error": graphs_error}
+    graphs_met = (graphs_cosine is not None and graphs_cosine >= GRAPHS_MIN_COSINE and graphs_error is not None
+                  and graphs_error <= GRAPHS_MAX_REL_ERROR and all(replays))
     latency = {(row["tokens"], row["mode"]): row["wall_ms"] for row in results["latency"]}
     latency_ratio = latency[(16, "graphs")] / latency[(16, "eager")] if (16, "graphs") in latency else None
     minilm, bert = results["saturation"]["minilm"], results["saturation"]["bert_base"]
@@ -734,8 +804,9 @@ def check_targets(results: dict) -> list[dict]:
                 {**min_cosine, "adversarial": adversarial_min}, ">= 0.999",
                 all(v is not None and v >= 0.999 for v in [*min_cosine.values(), adversarial_min])),
         _target("rows with NaN or inf, every mode and case", nan_rows, "0", nan_rows == 0),
-        _target("CUDA graphs equal eager (min cosine; every adversarial case replayed a graph)",
-                graphs_equal, ">= 0.9999", graphs_equal is not None and graphs_equal >= 0.9999 and all(replays), cuda),
+        _target("CUDA graphs equal eager (min cosine; largest error relative to the eager row; every adversarial "
+                "case replayed a graph)", graphs_equal,
+                f"min cosine >= {GRAPHS_MIN_COSINE}, max relative error <= {GRAPHS_MAX_REL_ERROR}", graphs_met, cuda),
         _target("graphs / eager batch-1 latency at 16 tokens (wall)", _round(latency_ratio), "<= 0.5",
                 latency_ratio is not None and latency_ratio <= 0.5, cuda),
         _target(f"MiniLM in-process / sentence-transformers encode (batch {ST_BATCH_SIZES[0]}), mixed corpus, "
@@ -749,6 +820,16 @@ def check_targets(results: dict) -> list[dict]:
                 packed_speedup, ">= 1.6", packed_speedup is not None and packed_speedup >= 1.6 and packed_replayed,
                 cuda),
     ]
+
+
+def _worst_first(value: float | None) -> float:
+    """Sort key: None (every row NaN) before any cosine."""
+    return float("-inf") if value is None else value
+
+
+def _worst_last(value: float | None) -> float:
+    """Sort key: None (every row NaN, or no such figure) after any error."""
+    return float("inf") if value is None else value
 
 
 def _target(name: str, measured, goal: str, met: bool, applicable: bool = True) -> dict:
@@ -842,13 +923,62 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _reset_peak(cuda: bool) -> None:
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+class PeakMemory:
+    """The most device memory allocated at once within a window (an engine's start-up, a model's
+    whole run). torch keeps one peak counter, and handler/cuda_graphs.py resets it before each
+    bucket's warm-up to size that bucket: read at a window's end, the counter would hold only what
+    followed the last reset. While active, every reset first folds the counter into each open
+    window, so a window's peak is the largest over its stretches between resets.
+
+    `cuda` is torch.cuda (or a stand-in with max_memory_allocated and reset_peak_memory_stats);
+    None measures nothing (CPU): open and close return None."""
+
+    RESET = "reset_peak_memory_stats"
+
+    def __init__(self, cuda=None, modules: tuple = ()):
+        self.cuda = cuda
+        # Every module a caller may reach the reset through: torch.cuda and torch.cuda.memory.
+        self.modules = modules or tuple(m for m in (cuda, getattr(cuda, "memory", None)) if m is not None)
+        self.windows: dict[int, int] = {}
+        self.patched: list[tuple[object, object]] = []
+        self.original = getattr(cuda, self.RESET, None)
+        self.opened = 0
+
+    def __enter__(self) -> "PeakMemory":
+        for module in self.modules:
+            if hasattr(module, self.RESET):
+                self.patched.append((module, getattr(module, self.RESET)))
+                setattr(module, self.RESET, self._reset)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, original in reversed(self.patched):
+            setattr(module, self.RESET, original)
+        self.patched.clear()
+
+    def open(self) -> int | None:
+        if self.cuda is None:
+            return None
+        self._reset()  # the window's first stretch starts here; open windows keep what came before
+        self.opened += 1
+        self.windows[self.opened] = 0
+        return self.opened
+
+    def close(self, window: int | None) -> int | None:
+        """The window's peak in bytes, or None when nothing is measured."""
+        if window is None:
+            return None
+        return max(self.windows.pop(window), self.cuda.max_memory_allocated())
+
+    def _reset(self, device=None, *args, **kwargs) -> None:
+        peak = self.cuda.max_memory_allocated(device)
+        for window, highest in self.windows.items():
+            self.windows[window] = max(highest, peak)
+        self.original(device, *args, **kwargs)
 
 
-def _peak_mib(cuda: bool) -> float | None:
-    return round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+def _mib(size: int | None) -> float | None:
+    return None if size is None else round(size / 2**20, 1)
 
 
 def _release(cuda: bool) -> None:
