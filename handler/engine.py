@@ -112,6 +112,8 @@ class EmbeddingEngine:
         description = describe_model(model_dir).served_with(settings.pooling)
         set_parallelism(placement.device.type == "cuda")  # a GPU worker's host cores idle while it computes
         tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case)
+        max_length = resolve_max_length(settings.max_length, description.max_seq_length,
+                                         tokenizer.model_max_length, description.usable_positions)
         encoder = Encoder(
             model_dir, placement,
             pooling=description.pooling,
@@ -120,9 +122,9 @@ class EmbeddingEngine:
             max_batch_size=settings.max_batch_size,
             pass_overhead_tokens=settings.pass_overhead_tokens or DEFAULT_PASS_OVERHEAD_TOKENS,
             max_positions=description.usable_positions,
+            # The longest input `assemble` makes: max_length, or the special tokens alone should they be more.
+            max_length=max(max_length, len(tokenizer.prefix) + len(tokenizer.suffix)),
         )
-        max_length = resolve_max_length(settings.max_length, description.max_seq_length,
-                                         tokenizer.model_max_length, description.usable_positions)
         default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
         # Everything that changes a vector for the same token ids: weights (the revision hashes
         # the pipeline modules' too), how they run, and the pipeline after the transformer.

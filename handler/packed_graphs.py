@@ -1,8 +1,20 @@
-"""CUDA graphs for packed passes (handler/packed.py), one per size of pass in total tokens.
+"""CUDA graphs for packed passes (handler/packed.py), one per (total tokens, inputs) of a pass.
 
-A packed pass has no batch or length dimension to bucket, only its total tokens, so the ladder
-is one-dimensional: sizes every TOKEN_STEP tokens, then growing by 1 / RESOLUTION of themselves,
-up to the largest pass the planner makes. A pass replays in the smallest size that holds it,
+A packed pass has no batch or length dimension to bucket, only its total tokens and its count
+of inputs. Varlen flash attention launches ceil(max_len / block) blocks per input slot and head,
+empty slots included, so a graph's slots cost as much as its tokens do: a pass of 32 short
+inputs replayed in a graph of 257 slots launches eight times the attention blocks of one of 33
+slots. So the ladder has two dimensions:
+
+- sizes in total tokens: every TOKEN_STEP tokens, then growing by 1 / RESOLUTION of themselves,
+  up to the largest pass the planner makes (`token_ladder`);
+- per size, input tiers doubling from FIRST_TIER up to the most inputs a pass may hold
+  (`slot_tiers`). A size of T tokens takes no tier beyond the first that holds min(T, most
+  inputs) (a pass of T tokens holds at most T inputs), nor a tier too small to carry more
+  tokens than the size below it (its inputs are at most max_len long), as such passes take a
+  smaller size (`packed_ladder`).
+
+A pass replays in the cheapest graph that holds it, fewest tokens first, then fewest inputs,
 laid out in the graph's static buffers as:
 
     ids         (size,)          the pass's tokens, then padding ids
@@ -12,12 +24,28 @@ laid out in the graph's static buffers as:
     unpooled    (slots,)         the pass's prompt counts, then zeros
     max_len                      fixed per graph: the longest input it takes
 
-Every token belongs to some input, so position ids, attention and pooling run unchanged: the
-padding inputs attend only to themselves and their pooled rows, like the zero-length ones', are
-dropped. What the device computes is the size; the ladder's steps keep the padding under 1 /
-RESOLUTION of it for passes of more than TOKEN_STEP * RESOLUTION tokens.
+where slots = the tier's inputs + the padding inputs the size's spare tokens need. Every token
+belongs to some input, so position ids, attention and pooling run unchanged: the padding inputs
+attend only to themselves and their pooled rows, like the zero-length ones', are dropped. What
+the device computes is the size; the ladder's steps keep the padding under 1 / RESOLUTION of it
+for passes of more than TOKEN_STEP * RESOLUTION tokens.
 
-Capture, memory cap, per-size fallback to eager and the start-up check of replays against the
+max_len is the engine's max_length, the longest input it ever passes (truncated, special tokens
+included), not the position table's size: it sets the attention blocks per slot. A longer input
+cannot reach the encoder; were one to, no graph would hold its pass and it would run eagerly.
+
+Count and cost, for all-MiniLM-L6-v2 on a GPU (max_batch_tokens 16384, max_batch_size 256,
+max_length 256): 278 sizes and tiers 32, 64, 128, 256 make 1,051 graphs, not 4 x 278, as small
+sizes take fewer tiers and tier 32 stops past 8192 tokens (32 inputs of 256). Start-up warms,
+captures and checks each graph: seven passes (two warm-up, the capture, two replays and the
+two eager passes they are checked against), about 100 kernels each, so a millisecond or two of
+launches from Python per eager pass, plus compute: the graphs total 4.0 million tokens, 3.5x
+the 278 sizes' 1.2 million. An estimated 10-25 ms a graph, 10-25 s of start-up in all, about
+four times one graph per size (not yet measured on a GPU). Beyond the shared pool, the graphs'
+static inputs and outputs (one float32 vector per slot) hold about 32 MiB and 190 MiB, against
+10 MiB and 102 MiB for one graph of 257 slots or more per size.
+
+Capture, memory cap, the fallback to eager and the start-up check of replays against the
 eager packed pass are handler/cuda_graphs.py's. Only the flash attention kernel of
 torch.nn.attention.varlen reads its offsets on the device; the grouped SDPA reads them on the
 host, which a capture refuses, so the encoder captures packed graphs only where attention is
@@ -49,14 +77,18 @@ PackedForward = Callable[[PackedInputs], torch.Tensor]
 # by under 1 / RESOLUTION of its size (0.8% on average) past 1024 tokens. Up to 16384: 278 sizes.
 TOKEN_STEP = 16
 RESOLUTION = 64
+# The fewest inputs a tier holds; tiers double from here, so a pass of over FIRST_TIER inputs
+# replays in fewer than twice its inputs' slots (plus its padding's).
+FIRST_TIER = 32
 
 
 @dataclass(frozen=True, order=True)
 class TokenBucket:
     tokens: int
+    inputs: int
 
     def __str__(self) -> str:
-        return f"{self.tokens} tokens"
+        return f"{self.tokens} tokens x {self.inputs} inputs"
 
 
 def token_ladder(max_tokens: int, step: int = TOKEN_STEP, resolution: int = RESOLUTION) -> list[int]:
@@ -69,14 +101,52 @@ def token_ladder(max_tokens: int, step: int = TOKEN_STEP, resolution: int = RESO
     return sizes + [max_tokens]
 
 
+def slot_tiers(max_inputs: int, first: int = FIRST_TIER) -> list[int]:
+    """Input counts graphs are captured for: doubling from `first`, the last `max_inputs`."""
+    tiers = []
+    tier = first
+    while tier < max_inputs:
+        tiers.append(tier)
+        tier *= 2
+    return tiers + [max_inputs]
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    tokens: int
+    inputs: int  # at most this many inputs of the pass ...
+    max_len: int  # ... each at most this long
+    spare: int  # the padding a pass may leave: the tokens between the size below and this one
+
+
+def packed_ladder(sizes: Sequence[int], max_inputs: int, max_len: int) -> list[GraphShape]:
+    """The graphs worth capturing for the ladder `sizes` (smallest first, none over
+    max_inputs * max_len), by tokens then inputs. A pass of more tokens than the size below
+    lands in a size; with few enough inputs, in one of its tiers: those below the size's most
+    inputs, min(size, max_inputs), then the first that holds them, leaving out any tier too small
+    to carry more tokens than the size below."""
+    shapes = []
+    for size, smaller in zip(sizes, [0, *sizes[:-1]]):
+        most, length = min(max_inputs, size), min(max_len, size)
+        for tier in slot_tiers(max_inputs):
+            inputs = min(tier, most)
+            if inputs * length > smaller:
+                shapes.append(GraphShape(size, inputs, length, size - smaller))
+            if inputs == most:
+                break
+    return shapes
+
+
 class PackedGraph(StaticPass):
-    """One size of packed pass: static ids, offsets and prompt counts, the pooled output of
+    """One shape of packed pass: static ids, offsets and prompt counts, the pooled output of
     every slot. Takes at most `inputs` inputs of at most `max_len` tokens, and up to `spare`
     padding tokens (the ladder's step below this size)."""
 
     def __init__(self, tokens: int, forward: PackedForward, *, inputs: int, max_len: int, spare: int, pad_id: int,
                  device: torch.device):
-        super().__init__(TokenBucket(tokens), device)
+        if inputs * max_len <= tokens - spare:  # the warm-up layout below would leave tokens in no input
+            raise ValueError(f"{inputs} inputs of {max_len} tokens hold no pass of over {tokens - spare} tokens")
+        super().__init__(TokenBucket(tokens, inputs), device)
         self.tokens = tokens
         self.forward = forward
         self.inputs = inputs
@@ -121,13 +191,16 @@ class PackedGraph(StaticPass):
 
 
 class PackedGraphRunner:
-    """The captured sizes of one encoder's packed passes, and the choice between replay and eager."""
+    """The captured graphs of one encoder's packed passes, and the choice between replay and eager."""
 
     def __init__(self, graphs: dict[TokenBucket, PackedGraph], forward: PackedForward):
         self.graphs = graphs
         self.forward = forward  # the eager path, for passes no graph holds
-        self.ladder = [graphs[bucket] for bucket in sorted(graphs)]
-        self.sizes = [graph.tokens for graph in self.ladder]
+        self.ladder = [graphs[bucket] for bucket in sorted(graphs)]  # cheapest first: tokens, then inputs
+        self.keys = [(graph.tokens, graph.inputs) for graph in self.ladder]
+        # What no graph takes, so such a pass skips the search.
+        self.max_inputs = max((graph.inputs for graph in self.ladder), default=0)
+        self.max_len = max((graph.max_len for graph in self.ladder), default=0)
         self.replays = 0
         self.eager = 0
 
@@ -135,9 +208,10 @@ class PackedGraphRunner:
     def capture(cls, forward: PackedForward, sizes: Sequence[int], *, max_inputs: int, max_len: int, pad_id: int,
                 vocab_size: int, device: torch.device, max_bytes: int, tolerance: float,
                 graph_type: type[PackedGraph] = PackedGraph) -> "PackedGraphRunner":
-        """Graphs for the ladder `sizes` (smallest first) whose pass needs at most max_bytes and
-        whose capture works, on `device`; none at all if a replay strays from eager by more than
-        `tolerance`. Passes hold at most `max_inputs` inputs of at most `max_len` tokens."""
+        """Graphs for the ladder `sizes` (smallest first, none over max_inputs * max_len), in the
+        tiers of `packed_ladder`, whose pass needs at most max_bytes and whose capture works, on
+        `device`; none at all if a replay strays from eager by more than `tolerance`. Passes hold
+        at most `max_inputs` inputs of at most `max_len` tokens."""
         generator = np.random.default_rng(0)
 
         def random_pass(graph: PackedGraph) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,16 +219,19 @@ class PackedGraphRunner:
             inputs = _random_pass(graph, vocab_size, generator)
             return graph.run(inputs).clone(), forward(inputs)
 
-        below = [0, *sizes[:-1]]
-        graphs = (graph_type(size, forward, inputs=min(max_inputs, size), max_len=min(max_len, size),
-                             spare=size - smaller, pad_id=pad_id, device=device)
-                  for size, smaller in zip(sizes, below))
+        graphs = (graph_type(shape.tokens, forward, inputs=shape.inputs, max_len=shape.max_len, spare=shape.spare,
+                             pad_id=pad_id, device=device)
+                  for shape in packed_ladder(sizes, max_inputs, max_len))
         return cls(capture_checked(graphs, device, max_bytes, random_pass, tolerance), forward)
 
     def choose(self, inputs: PackedInputs) -> PackedGraph | None:
-        """The smallest graph that holds the pass, or None. Bisected: the ladder has hundreds of
-        sizes, and the first one with room for the pass's tokens nearly always holds it."""
-        first = bisect_left(self.sizes, inputs.ids.numel())
+        """The cheapest graph that holds the pass (fewest tokens, then fewest inputs), or None.
+        Bisected on (tokens, inputs): the ladder has about a thousand graphs, and the first with
+        room for both nearly always holds the pass (a later one only when a graph is missing)."""
+        count = inputs.cu_seqlens.numel() - 1
+        if count > self.max_inputs or inputs.max_len > self.max_len:
+            return None
+        first = bisect_left(self.keys, (inputs.ids.numel(), count))
         return next((graph for graph in self.ladder[first:] if graph.holds(inputs)), None)
 
     def run(self, inputs: PackedInputs) -> torch.Tensor:
@@ -174,9 +251,10 @@ class PackedGraphRunner:
 
 def _random_pass(graph: PackedGraph, vocab_size: int, generator: np.random.Generator) -> PackedInputs:
     """Random ids in random lengths, the first as long as the graph takes, leaving between one
-    and `spare` tokens of padding, within the graph's inputs; a few leading tokens of each left
-    out of pooling."""
-    padding = int(generator.integers(1, min(graph.spare, graph.tokens - 1) + 1)) if graph.tokens > 1 else 0
+    and `spare` tokens of padding (at least what the graph's inputs cannot carry), within the
+    graph's inputs; a few leading tokens of each left out of pooling."""
+    fewest = max(1, graph.tokens - graph.inputs * graph.max_len)
+    padding = int(generator.integers(fewest, min(graph.spare, graph.tokens - 1) + 1)) if graph.tokens > 1 else 0
     remaining = graph.tokens - padding
     lengths: list[int] = []
     while remaining:

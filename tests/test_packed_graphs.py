@@ -1,7 +1,7 @@
-"""CUDA graphs over total tokens for packed passes (handler/packed_graphs.py): the ladder, the
-static layout (padding as inputs of its own, zero-length inputs in the unused slots), the
-choice of graph, the counted tokens, the memory cap, the per-size fallback, the start-up check,
-and the encoder's choice to capture.
+"""CUDA graphs over total tokens for packed passes (handler/packed_graphs.py): the ladder of
+sizes and input tiers, the static layout (padding as inputs of its own, zero-length inputs in
+the unused slots), the choice of graph, the counted tokens, the memory cap, the fallback to
+eager, the start-up check, and the encoder's choice to capture and its max_length.
 
 These run on a CPU. A stand-in replays by running the eager packed pass on the graph's static
 buffers, with the grouped SDPA for attention, so the layout a graph runs is checked against the
@@ -18,9 +18,10 @@ import torch
 from transformers import AutoModel
 
 from handler.model_files import POOLING_MODES
-from handler.packed import PackedInputs, PackedPasses, PackedTransformer
+from handler.packed import PackedInputs, PackedPasses, PackedTransformer, pack
 from handler.packed_graphs import (
-    RESOLUTION, TOKEN_STEP, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, token_ladder,
+    RESOLUTION, TOKEN_STEP, GraphShape, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, packed_ladder,
+    slot_tiers, token_ladder,
 )
 from tests.conftest import make_engine
 from tests.test_cuda_graphs import BYTES_PER_TOKEN, EagerReplay
@@ -79,6 +80,88 @@ def test_the_ladder_steps_by_under_a_sixty_fourth_past_the_fine_steps():
         assert size - smaller <= max(TOKEN_STEP, size / RESOLUTION)
     assert len(sizes) == 278
     assert token_ladder(100) == [16, 32, 48, 64, 80, 96, 100]
+
+
+def test_input_tiers_double_from_32_up_to_the_batch_size():
+    assert slot_tiers(256) == [32, 64, 128, 256]
+    assert slot_tiers(100) == [32, 64, 100] and slot_tiers(32) == [32] and slot_tiers(16) == [16]
+
+
+def test_each_size_takes_the_tiers_its_passes_can_need():
+    # all-MiniLM-L6-v2 on a GPU: 16384 tokens a pass, 256 inputs, max_length 256.
+    sizes = token_ladder(16384)
+    shapes = packed_ladder(sizes, 256, 256)
+    assert len(shapes) == 1051  # the module docstring's count
+    assert shapes == sorted(shapes, key=lambda shape: (shape.tokens, shape.inputs))
+    tiers: dict[int, list[int]] = {}
+    for shape in shapes:
+        tiers.setdefault(shape.tokens, []).append(shape.inputs)
+    assert list(tiers) == sizes
+    assert tiers[16] == [16] and tiers[32] == [32]  # a pass of 16 tokens holds at most 16 inputs
+    assert tiers[48] == [32, 48] and tiers[128] == [32, 64, 128] and tiers[144] == [32, 64, 128, 144]
+    assert tiers[1024] == [32, 64, 128, 256]
+    assert tiers[16384] == [64, 128, 256]  # 32 inputs of at most 256 tokens carry no more than 8192
+    below = dict(zip(sizes, [0, *sizes[:-1]]))
+    assert all(shape.spare == shape.tokens - below[shape.tokens] and shape.max_len == min(256, shape.tokens)
+               for shape in shapes)
+    # Every tier left holds a pass too long for the size below; a smaller one could not.
+    assert all(shape.inputs * shape.max_len > below[shape.tokens] for shape in shapes)
+    with pytest.raises(ValueError, match="hold no pass"):
+        PackedGraph(16384, None, inputs=32, max_len=256, spare=256, pad_id=0, device=torch.device("cpu"))
+
+
+def uncaptured_runner(shapes):
+    """A runner over graphs of `shapes` that were never captured: enough to choose among them."""
+    graphs = [PackedGraph(shape.tokens, None, inputs=shape.inputs, max_len=shape.max_len, spare=shape.spare,
+                          pad_id=0, device=torch.device("cpu")) for shape in shapes]
+    return PackedGraphRunner({graph.bucket: graph for graph in graphs}, None)
+
+
+def a_pass(lengths):
+    packed = pack([[1] * length for length in lengths])
+    return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, None)
+
+
+def test_a_pass_replays_in_the_cheapest_graph_that_holds_it():
+    sizes = token_ladder(16384)
+    runner = uncaptured_runner(packed_ladder(sizes, 256, 256))
+    # A batch of 32 short texts: 33 slots (one of padding) of 256 tokens, not 257 of 512.
+    graph = runner.choose(a_pass([10] * 32))
+    assert (graph.tokens, graph.inputs, graph.slots, graph.max_len) == (320, 32, 33, 256)
+    assert runner.choose(a_pass([10] * 33)).inputs == 64
+    assert runner.choose(a_pass([256] * 64)).bucket == TokenBucket(16384, 64)
+    assert runner.choose(a_pass([64] * 256)).bucket == TokenBucket(16384, 256)
+    assert runner.choose(a_pass([257])) is None and runner.choose(a_pass([1] * 257)) is None
+    assert runner.choose(a_pass([256] * 64 + [1])) is None  # over the largest size
+    generator = np.random.default_rng(0)
+    for _ in range(100):
+        count = int(2 ** generator.uniform(0, 8))  # 1 to 256 inputs, as many of each order
+        lengths = generator.integers(1, int(generator.integers(1, 257)) + 1, size=count)
+        lengths = lengths[lengths.cumsum() <= 16384]  # within the planner's budget
+        count = len(lengths)
+        inputs = a_pass(lengths)
+        graph = runner.choose(inputs)
+        assert graph is min((g for g in runner.ladder if g.holds(inputs)), key=lambda g: (g.tokens, g.inputs))
+        tier = min(tier for tier in slot_tiers(256) if tier >= count)
+        assert (graph.tokens, graph.inputs) == (min(s for s in sizes if s >= sum(lengths)), min(tier, graph.tokens))
+
+
+def test_replays_in_input_tiers_equal_the_unpadded_pass(models):
+    model = models["bert_dense"]
+    passes = passes_for(model, max_batch_size=80)
+    sizes = token_ladder(256)
+    runner = capture(passes, sizes, max_len=64)
+    shapes = packed_ladder(sizes, 80, 64)
+    assert {GraphShape(g.tokens, g.inputs, g.max_len, g.spare) for g in runner.ladder} == set(shapes)  # all checked
+    for seed, lengths in enumerate([[3] * 20, [2] * 40, [1] * 80, [64, 64, 1, 1], [5] * 33]):
+        inputs = passes.prepare(random_rows(model, lengths, seed), [seed % 3] * len(lengths))
+        with torch.inference_mode():
+            eager = passes.run_eager(inputs)
+            graph = runner.choose(inputs)
+            replayed = runner.run(inputs)
+        tier = min(tier for tier in slot_tiers(80) if tier >= len(lengths))
+        assert (graph.tokens, graph.inputs) == (min(s for s in sizes if s >= sum(lengths)), min(tier, graph.tokens))
+        torch.testing.assert_close(replayed, eager, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["bert_dense", "xlmr"])
@@ -150,17 +233,23 @@ def test_the_memory_cap_drops_the_largest_sizes_and_captures_largest_first(model
     assert EagerStandIn.captured == sorted(EagerStandIn.captured, reverse=True)
 
 
-def test_a_failed_capture_leaves_its_size_to_eager(models, caplog):
+def test_a_failed_capture_leaves_every_pass_to_eager(models, caplog, monkeypatch):
+    # As for padded graphs (handler/cuda_graphs.py): after a failed capture nothing more is
+    # captured, and the graphs captured before it are dropped too.
+    monkeypatch.setattr("handler.cuda_graphs._capture_failed", False)  # process state this test changes
     model = models["bert_dense"]
     passes = passes_for(model)
+    FailingCapture.captured = []
     with caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
         passes.graphs = capture(passes, [16, 32, 48, 64], graph_type=FailingCapture)
-    assert set(passes.graphs.graphs) == {TokenBucket(16), TokenBucket(32), TokenBucket(64)}
-    assert any("bucket 48 tokens runs eagerly" in line and "RuntimeError" in line for line in caplog.messages)
-    inputs = passes.prepare(random_rows(model, [30, 10]), None)  # 40 tokens: replayed in 64
+    assert passes.graphs.graphs == {} and passes.graphs.ladder == []
+    assert FailingCapture.captured == [TokenBucket(64, 16)]  # largest first, none after 48 failed
+    assert any("the capture of bucket 48 tokens x 16 inputs failed" in line and "RuntimeError" in line
+               for line in caplog.messages)
+    inputs = passes.prepare(random_rows(model, [30, 10]), None)
     with torch.inference_mode():
-        torch.testing.assert_close(passes.run(inputs).clone(), passes.run_eager(inputs), atol=1e-5, rtol=1e-4)
-    assert passes.computed_tokens(inputs) == 64
+        torch.testing.assert_close(passes.run(inputs), passes.run_eager(inputs), atol=1e-5, rtol=1e-4)
+    assert passes.computed_tokens(inputs) == 40 and (passes.graphs.replays, passes.graphs.eager) == (0, 1)
 
 
 @pytest.mark.parametrize("graph_type", [StaleReplay, LayoutIgnoringReplay])
@@ -198,7 +287,11 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     encoder.placement = dataclasses.replace(encoder.placement, cuda_graphs=True, cuda_graph_max_bytes=1 << 40)
     with torch.inference_mode():
         encoder._capture_graphs()
-    assert engine.info()["cuda_graphs"] == len(token_ladder(256))  # 16 inputs of 64 tokens hold 256
+    assert engine.info()["cuda_graphs"] == len(token_ladder(256))  # 16 inputs of 48 tokens hold 256
+    # The engine's max_length (the tiny model's max_seq_length), not the 64 positions.
+    graphs = encoder.passes.graphs.ladder
+    assert graphs[-1].max_len == engine.max_length == encoder.max_length == 48 < encoder.max_positions
+    assert all(graph.max_len == min(48, graph.tokens) for graph in graphs)
     replayed = encoder.embed(ids)
     torch.testing.assert_close(replayed.vectors, eager.vectors, atol=1e-5, rtol=1e-4)
     assert encoder.passes.graphs.replays == replayed.passes and encoder.passes.graphs.eager == 0
@@ -223,7 +316,9 @@ def test_packed_graphs_need_the_flash_kernel(tiny_model_dir, caplog):
 def test_the_start_up_check_passes_leave_padding_and_fit_their_graph(models):
     passes = passes_for(models["bert_dense"])
     generator = np.random.default_rng(1)
-    for size, inputs, max_len, spare in [(16, 16, 16, 16), (256, 4, 64, 16), (1040, 4, 512, 32), (64, 64, 8, 64)]:
+    # The last: 4 inputs carry at most 1000 of the 1024 tokens, so every pass leaves 24 or more.
+    for size, inputs, max_len, spare in [(16, 16, 16, 16), (256, 4, 64, 16), (1040, 4, 512, 32), (64, 64, 8, 64),
+                                         (1024, 4, 250, 64)]:
         graph = PackedGraph(size, passes.run_eager, inputs=inputs, max_len=max_len, spare=spare, pad_id=0,
                             device=torch.device("cpu"))
         for _ in range(20):
