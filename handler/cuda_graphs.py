@@ -220,8 +220,11 @@ def _capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: 
             if not _captured(graph, pool):
                 return {}  # the graphs captured so far go with this dict; their pool stays cached
             captured[graph.bucket] = graph
+    shown = sorted(captured)
+    if len(shown) > 12:  # packed ladders hold about a thousand sizes: the ends say enough
+        shown = [*shown[:3], "...", *shown[-3:]]
     log.info("CUDA graphs: captured %d of %d buckets: %s", len(captured), len(graphs),
-             ", ".join(map(str, sorted(captured))) or "none")
+             ", ".join(map(str, shown)) or "none")
     return captured
 
 
