@@ -25,6 +25,7 @@
 #   GPU_RUN_FAMILY_MODES=a,b     the modes of each family (default: every mode of the device)
 #   GPU_RUN_FAMILY_TEXTS=96      texts per family
 #   GPU_RUN_FAMILY_SECONDS=180   each family's time limit (they run side by side)
+#   GPU_RUN_JOBS=8               families at a time (2 in CPU mode)
 #   GPU_RUN_MODEL=DIR            bench.gpu's model (default build/gpu/minilm-fp16; `none`: its own)
 #   BENCH_GPU_ARGS="..."         more arguments for bench.gpu (--texts 64 --repeats 20 ...)
 #   PY=python3                   the interpreter that holds PyTorch
@@ -106,21 +107,23 @@ else:
 import handler.engine  # the handler's own imports (orjson among them)
 print("handler imports: ok")
 EOF
+    local rc=$?
     if [[ $DEVICE != cpu ]] && command -v nvidia-smi > /dev/null; then
         timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.max.sm --format=csv
     fi
+    return "$rc"
 }
 
 families() {  # every family in its own process, side by side, each under its own limit
-    local folder=$1 list jobs
+    local folder=$1 list parallel
     list=${GPU_RUN_FAMILIES:-$("$PY" -c 'import ast
 tree = ast.parse(open("tests/model_families.py").read())
 print(*next(ast.literal_eval(n.value) for n in tree.body
             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FAMILIES"))')}
-    jobs=${GPU_RUN_JOBS:-$([[ $CUDA == 1 ]] && echo 8 || echo 2)}  # the CPU mode shares two cores
-    echo "families: $list ($jobs at a time, ${FAMILY_TEXTS} texts each)"
+    parallel=${GPU_RUN_JOBS:-$([[ $CUDA == 1 ]] && echo 8 || echo 2)}  # CPU mode: CI's two cores
+    echo "families: $list ($parallel at a time, ${FAMILY_TEXTS} texts each)"
     for family in $list; do
-        while (( $(jobs -rp | wc -l) >= jobs )); do wait -n; done
+        while (( $(jobs -rp | wc -l) >= parallel )); do wait -n; done
         (
             began=$SECONDS
             timeout --kill-after=10 "$FAMILY_SECONDS" "$PY" -m bench.gpu_families "$family" --out "$folder" \
@@ -147,7 +150,9 @@ for log in sorted(folder.glob("*.log")):
                                                                                  "died": log.read_text()[-3000:]}
     rows[log.stem].update(exit_code=int(rc) if rc.lstrip("-").isdigit() else rc, seconds=seconds)
 target.write_text(json.dumps(rows, indent=2))
-print(f"families: {sum(bool(r.get('ok')) for r in rows.values())} of {len(rows)} ok -> {target}")
+ok = sum(bool(r.get("ok")) for r in rows.values())
+print(f"families: {ok} of {len(rows)} ok -> {target}")
+sys.exit(0 if rows and ok == len(rows) else 1)  # the step's status: every family ok
 EOF
 }
 
@@ -173,7 +178,7 @@ main() {
     : > "$OUT/steps.tsv"
     echo "== gpu_run into $OUT, budget ${BUDGET}s, $(date -u '+%Y-%m-%d %H:%M:%S') UTC, $(hostname)"
     # Functions of this shell (wheels sets PYTHONPATH for every later step); their commands have limits.
-    here wheels "" install_wheels
+    here wheels "(local files, no limit)" install_wheels
     CUDA=$(timeout 120 "$PY" -c "import sys, torch; d = sys.argv[1]; print(int(d == 'cuda' or (d == 'auto' and torch.cuda.is_available())))" \
         "$DEVICE" 2> /dev/null || echo 0)
     [[ $CUDA == 1 && $DEVICE == auto ]] && DEVICE=cuda
