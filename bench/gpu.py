@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def checkpoint(results: dict) -> None:
         results["duration_s"] = round(time.perf_counter() - started, 1)
-        report.write_text(json.dumps({**results, "complete": False}, indent=2))
+        _write_atomically(report, json.dumps({**results, "complete": False}, indent=2))
 
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch, PeakMemory(torch.cuda if cuda else None) as memory:
         results = run(Path(scratch), args.model, cuda, plan, overrides, memory, checkpoint)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         results["targets"] = []
         results.setdefault("errors", {})["targets"] = traceback.format_exc()[-4000:]
     results["complete"] = True
-    report.write_text(json.dumps(results, indent=2))
+    _write_atomically(report, json.dumps(results, indent=2))
     wrote = [report]
     try:
         plot(results, args.out / "gpu.png")
@@ -903,6 +903,14 @@ def plot(results: dict, output: Path) -> None:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write beside `path`, then rename: a run killed by its time limit mid-write leaves the
+    previous checkpoint whole, never a truncated file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
 
 def _setting(item: str) -> tuple[str, object]:
     key, sep, value = item.partition("=")
