@@ -30,10 +30,11 @@ from typing import Callable, Sequence
 import torch
 
 from archive.corpus import mixed_corpus
-from handler.encoder import quantize_int8, quantizable_layers, resolve_placement
-from handler.engine import EmbeddingEngine
+from handler.assembly import assemble
+from handler.encoder import quantize_int8, quantizable_layers
 from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer
 from handler.pooling import l2_normalize
+from handler.service import EmbeddingService
 from handler.settings import Settings
 
 # Calibration floor, above the promise made for int8 (mean >= 0.99, min >= 0.97 on other texts).
@@ -113,13 +114,12 @@ def quantize_onnx(source: Path, target: Path, keep_fp32: Sequence[str] = ()) -> 
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
-def _calibration_engine(model_dir: Path, handler_section: dict, engine: str) -> tuple[EmbeddingEngine, list[list[int]]]:
+def _calibration_engine(model_dir: Path, handler_section: dict, engine: str) -> tuple[EmbeddingService, list[list[int]]]:
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": "float32", "cpu_threads": 0,
                                       "engine": engine, "cache_entries": 0, "redis_url": ""})
-    placement = resolve_placement(settings, None, 1, False, model_dir=model_dir)
-    loaded = EmbeddingEngine.load(model_dir, settings, placement, "calibration")
+    loaded = assemble(model_dir, settings, model_name="calibration", cuda_available=False, warm=False)
     texts = mixed_corpus(model_dir / "tokenizer.json", CALIBRATION_TEXTS, seed=CALIBRATION_SEED)
-    return loaded, loaded.token_ids(texts)
+    return loaded, loaded.preparer.token_ids(texts)
 
 
 def _keep_until_within_floor(units: list[str], cosines: Callable[[list[str]], torch.Tensor],
@@ -141,5 +141,5 @@ def _keep_until_within_floor(units: list[str], cosines: Callable[[list[str]], to
                        len(units) - len(keep), engine)
 
 
-def _embed(engine: EmbeddingEngine, ids: list[list[int]]) -> torch.Tensor:
+def _embed(engine: EmbeddingService, ids: list[list[int]]) -> torch.Tensor:
     return l2_normalize(engine.encoder.embed(ids).vectors)

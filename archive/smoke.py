@@ -30,23 +30,21 @@ class SmokeError(RuntimeError):
 
 def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     """Load and embed as a worker would; return the report's lines. Raises SmokeError."""
-    from handler.encoder import resolve_placement
-    from handler.engine import EmbeddingEngine
+    from handler.assembly import assemble
     from handler.settings import Settings
 
     dtype = "int8" if handler_section["dtype"] == "int8" else "float32"  # GPU dtypes are checked as float32
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
-    placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False, model_dir=model_dir)
-    engine = EmbeddingEngine.load(model_dir, settings, placement, model_name="check")
-    engine.warmup()
+    engine = assemble(model_dir, settings, model_name="check", cuda_available=False, warm=True)
     info = engine.info()
-    prompts = ", ".join(f"{name}={text!r}" for name, text in engine.prompts.items()) or "none"
+    preparer = engine.preparer
+    prompts = ", ".join(f"{name}={text!r}" for name, text in preparer.prompts.items()) or "none"
     lines = [
         f"architecture: {info['architecture']} (engine: {info['engine']})",
         f"pipeline: {' -> '.join(info['modules'])}",
         f"pooling: {info['pooling']}",
-        f"prompts: {prompts}; default: {engine.default_prompt!r}",
-        f"max length: {engine.max_length} tokens"
+        f"prompts: {prompts}; default: {preparer.default_prompt!r}",
+        f"max length: {preparer.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
         f"dimension: {engine.encoder.dimension}",
     ]
@@ -67,9 +65,9 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
         reference = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
     except Exception as err:  # its own limits are not the model's fault; say so, do not fail
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
-    reference.max_seq_length = engine.max_length
+    reference.max_seq_length = engine.preparer.max_length
     cosines = []
-    for name in [None, *engine.prompts]:
+    for name in [None, *engine.preparer.prompts]:
         want = reference.encode(list(TEXTS), prompt_name=name, convert_to_numpy=True)
         got = _served(engine, {"input": list(TEXTS), **({"prompt_name": name} if name else {})})
         cosines.extend((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1))
@@ -85,7 +83,7 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
 
 def _served(engine, body: dict[str, Any]) -> np.ndarray:
     """What the engine answers a client, through the whole request path."""
-    from handler.engine import RawRequest
+    from handler.service import RawRequest
 
     [response] = engine.handle([RawRequest(json.dumps(body).encode(), "application/json", "")])
     if response.status != 200:

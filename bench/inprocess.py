@@ -10,26 +10,23 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from handler.encoder import resolve_placement
-from handler.engine import EmbeddingEngine
+from handler.assembly import assemble
 from handler.pooling import l2_normalize
+from handler.service import EmbeddingService
 from handler.settings import Settings
 
 
-def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingEngine:
+def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingService:
     config = Settings.from_mapping({"device": "cpu", "cpu_threads": threads, **settings})
-    placement = resolve_placement(config, None, 1, False, model_dir=model_dir)
-    engine = EmbeddingEngine.load(model_dir, config, placement, "bench")
-    engine.warmup()
-    return engine
+    return assemble(model_dir, config, model_name="bench", cuda_available=False, warm=True)
 
 
-def bench_engine(engine: EmbeddingEngine, texts: Sequence[str], repeats: int = 2) -> tuple[dict, np.ndarray]:
+def bench_engine(engine: EmbeddingService, texts: Sequence[str], repeats: int = 2) -> tuple[dict, np.ndarray]:
     """Tokenize and embed the whole corpus as one batch (the engine sorts and cuts it); best of repeats."""
     best, embedded = float("inf"), None
     for _ in range(repeats):
         started = time.perf_counter()
-        embedded = engine.encoder.embed(engine.token_ids(texts))
+        embedded = engine.encoder.embed(engine.preparer.token_ids(texts))
         best = min(best, time.perf_counter() - started)
     vectors = l2_normalize(embedded.vectors).numpy()
     return {
@@ -40,11 +37,11 @@ def bench_engine(engine: EmbeddingEngine, texts: Sequence[str], repeats: int = 2
     }, vectors
 
 
-def bench_planner(engine: EmbeddingEngine, texts: Sequence[str], batch: int = 32) -> dict:
+def bench_planner(engine: EmbeddingService, texts: Sequence[str], batch: int = 32) -> dict:
     """Texts/s and padding efficiency embedding `texts` in batches of `batch`, as TorchServe
     hands them to a worker: with the measured pass cost, and with passes filled to the token
     budget (a pass cost so high that fewer passes always win)."""
-    ids = engine.token_ids(texts)
+    ids = engine.preparer.token_ids(texts)
     encoder = engine.encoder
     measured = encoder.pass_overhead_tokens
     results = {}
@@ -92,7 +89,7 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 2.0) -> float
     return 2 * size**3 * count / (time.perf_counter() - started) / 1e9
 
 
-def flops_per_token(engine: EmbeddingEngine, sequence_length: int) -> float:
+def flops_per_token(engine: EmbeddingService, sequence_length: int) -> float:
     """Forward FLOPs per token: 2 per weight of every encoder Linear, plus attention's two
     (seq x hidden) products per layer."""
     model = engine.encoder.model

@@ -40,10 +40,10 @@ from archive.corpus import load_tokenizer, mixed_corpus
 from archive.default_model import MODEL_ID, fetch_default_model
 from bench.cpu_kernels import exported_copy
 from bench.inprocess import cosine_stats, load_engine
-from handler.engine import EmbeddingEngine
 from handler.batching import plan_packed
 from handler.packed import GROUPED_SDPA, grouped_attention, length_groups, pack
 from handler.pooling import l2_normalize
+from handler.service import EmbeddingService
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = 2
@@ -184,9 +184,9 @@ def compare_engines(model_dir: Path, texts: list[str], rounds: int) -> dict:
         assert onnx.encoder.placement.engine == "onnxruntime", onnx.encoder.placement.engine
         packed = load_engine(model_dir, THREADS, engine="torch", packed=True, lend_idle_cpus=False)
         assert packed.info()["layout"] == "packed", packed.info()
-        rows = padded.token_ids(texts)
+        rows = padded.preparer.token_ids(texts)
 
-        def run_engine(engine: EmbeddingEngine) -> Callable[[list[list[int]]], Run]:
+        def run_engine(engine: EmbeddingService) -> Callable[[list[list[int]]], Run]:
             def run(request: list[list[int]]) -> Run:
                 embedded = engine.encoder.embed(request)
                 return Run(embedded.vectors, embedded.padded_tokens, embedded.passes)

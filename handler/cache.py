@@ -11,7 +11,8 @@ them all and the answer is the same as uncached.
 
 Redis is a shared, best-effort tier: any Redis error is counted and the batch goes on uncached;
 after an error Redis is left alone for `retry_s`, so an outage costs one timeout per interval,
-not one per batch.
+not one per batch. `embed_cached` is the bookkeeping around the model: look up, embed the misses
+once each, store, count.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
+from handler.errors import log_failure
+from handler.metrics import BatchReport
 from handler.settings import Settings, check_redis_url
 
 log = logging.getLogger(__name__)
@@ -188,3 +191,46 @@ def open_cache(settings: Settings, *, model_name: str, identity: str, dimension:
     if memory is None and redis is None:
         return None
     return EmbeddingCache(f"{model_name}|{identity}", memory, redis)
+
+
+# Embeds model inputs (ids, unpooled prompt tokens each): float32 rows in input order, and the
+# inputs that did not fit in memory even alone.
+Embed = Callable[[list[list[int]], list[int]], tuple[np.ndarray, frozenset[int]]]
+
+
+def embed_cached(cache: EmbeddingCache, ids: list[list[int]], unpooled: list[int], embed: Embed,
+                 report: BatchReport, dimension: int) -> tuple[np.ndarray, frozenset[int]]:
+    """Vectors from the cache where present; `embed` runs once per distinct missing input and
+    what it computes is stored. Rows in input order (zeros for inputs that did not fit), and the
+    inputs that did not fit."""
+    keys = [cache.key(item, skip) for item, skip in zip(ids, unpooled)]
+    try:
+        lookup = cache.lookup(keys)
+    except Exception as err:  # the cache is best effort: a bug in it costs hits, not answers
+        log_failure("the cache lookup", err)
+        lookup = Lookup(errors=1)
+    missing = {key: i for i, key in enumerate(keys) if key not in lookup.found}  # first index per key
+    computed: dict[bytes, np.ndarray] = {}
+    failed_keys: set[bytes] = set()
+    if missing:
+        fresh, unfit = embed([ids[i] for i in missing.values()], [unpooled[i] for i in missing.values()])
+        for position, (key, row) in enumerate(zip(missing, fresh)):
+            if position in unfit:
+                failed_keys.add(key)
+            else:
+                computed[key] = row.copy()  # rows, not views of one block
+        try:
+            report.cache_errors += cache.store(computed)
+        except Exception as err:
+            log_failure("storing in the cache", err)
+            report.cache_errors += 1
+    report.cache_errors += lookup.errors
+    for key in keys:
+        if key in lookup.found:
+            tier = "redis" if key in lookup.from_redis else "memory"
+            report.cache_hits[tier] = report.cache_hits.get(tier, 0) + 1
+        else:
+            report.cache_misses += 1
+    zeros = np.zeros(dimension, dtype=np.float32)
+    rows = [lookup.found.get(key, computed.get(key, zeros)) for key in keys]
+    return np.stack(rows), frozenset(i for i, key in enumerate(keys) if key in failed_keys)

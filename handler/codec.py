@@ -1,7 +1,7 @@
 """Request codec: one raw request in, a validated EmbeddingRequest out; results in, wire bytes out.
 
 Plain Python + numpy, no torch and no TorchServe, so every shape is unit-testable. What needs
-the model (dimension, vocabulary, prompts, token counts) is checked by the engine.
+the model (dimension, vocabulary, prompts, token counts) is checked in prepare.py.
 
 Routes, by the path after `/predictions/<model>/<version>/` (TorchServe's `url_path` header):
   ""               native: {"input": ...} JSON or a text/plain body; TEI's {"inputs": ...} too

@@ -15,7 +15,11 @@ Statuses, the same on every route except where noted:
 
 from __future__ import annotations
 
+import logging
+import traceback
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class RequestError(Exception):
@@ -79,3 +83,9 @@ def internal_error(message: str = "the server failed to prepare this request; th
 
 def overloaded(message: str) -> RequestError:
     return RequestError(503, message, code="overloaded", tei_status=429, tei_type="Overloaded")
+
+
+def log_failure(what: str, err: BaseException) -> None:
+    """An unexpected failure's frames and type, not its message, which may quote request text."""
+    log.error("%s failed unexpectedly (%s):\n%s", what, type(err).__name__,
+              "".join(traceback.format_tb(err.__traceback__)))

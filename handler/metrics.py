@@ -37,7 +37,7 @@ class MetricSpec:
 
 @dataclass
 class BatchReport:
-    """What one TorchServe batch cost, filled in by the engine."""
+    """What one TorchServe batch cost, filled in by the service."""
     requests: int = 0
     inputs: int = 0
     forward_passes: int = 0

@@ -1,6 +1,6 @@
 """TorchServe entry point: the only module that knows TorchServe.
 
-It reads settings from the model's model-config.yaml, builds the engine, and in `handle`
+It reads settings from the model's model-config.yaml, assembles the service, and in `handle`
 moves each request's body and headers in and each response's status, headers and body out.
 """
 
@@ -14,16 +14,17 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-import torch
 from ts.context import Context
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
 from handler.allocator import FreedMemory, pin_mmap_threshold
+from handler.assembly import assemble
 from handler.busy import BusyMark
-from handler.encoder import DeviceFailure, resolve_placement
-from handler.engine import EmbeddingEngine, RawRequest, Response, log_failure
+from handler.encoder import DeviceFailure
+from handler.errors import log_failure
 from handler.metrics import BatchReport, MetricBuffer, Row
+from handler.service import EmbeddingService, RawRequest, Response
 from handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGR
 
 class EmbeddingHandler:
     def __init__(self) -> None:
-        self.engine: EmbeddingEngine | None = None
+        self.service: EmbeddingService | None = None
         self.initialized = False
         self.device_failure: str | None = None
         self.busy: BusyMark | None = None
@@ -54,25 +55,22 @@ class EmbeddingHandler:
         config = context.model_yaml_config or {}
         settings = Settings.from_mapping(config.get("handler"))
         properties = context.system_properties
-        model_dir = Path(properties["model_dir"]) / settings.model_path
-        placement = resolve_placement(
+        self.service = assemble(
+            Path(properties["model_dir"]) / settings.model_path,
             settings,
+            model_name=context.model_name,
             gpu_id=properties.get("gpu_id"),
             workers=int(config.get("minWorkers") or 1),
-            cuda_available=torch.cuda.is_available(),
-            model_dir=model_dir,
+            response_timeout_s=float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S),
         )
-        self.engine = EmbeddingEngine.load(model_dir, settings, placement, model_name=context.model_name)
-        if settings.warmup:
-            self.engine.warmup()
-            self.engine.bound_batch_work(float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S))
         self.busy = BusyMark()
         self.initialized = True
-        info = self.engine.info()
+        info = self.service.info()
         log.info(
             "model %s ready: device=%s dtype=%s engine=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
-            context.model_name, info["device"], info["model_dtype"], info["engine"], placement.cpu_threads, info["pooling"],
-            info["max_input_length"], info["embedding_dimension"], time.perf_counter() - started,
+            context.model_name, info["device"], info["model_dtype"], info["engine"],
+            self.service.encoder.placement.cpu_threads, info["pooling"], info["max_input_length"],
+            info["embedding_dimension"], time.perf_counter() - started,
         )
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
@@ -85,17 +83,17 @@ class EmbeddingHandler:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
         if self.device_failure is None:
             try:
-                responses, report = self.engine.handle_with_report(raw)
+                responses, report = self.service.handle_with_report(raw)
             except DeviceFailure as err:
                 self.device_failure = "the worker's device failed"
                 log.critical("device failure (%s); this worker exits and TorchServe replaces it", err)
                 threading.Timer(EXIT_AFTER_DEVICE_FAILURE_S, os._exit, args=(3,)).start()
-            except Exception as err:  # the engine answers per request; this is the last line, never TorchServe's 503
+            except Exception as err:  # the service answers per request; this is the last line, never TorchServe's 503
                 log_failure("the batch (every request of it is answered 500)", err)
-                responses = self.engine.failed(raw)
+                responses = self.service.failed(raw)
                 report = BatchReport(requests=len(raw), statuses={500: len(raw)})
         if self.device_failure is not None:
-            responses = self.engine.unavailable(raw, self.device_failure)
+            responses = self.service.unavailable(raw, self.device_failure)
             report = BatchReport(requests=len(raw), statuses={503: len(raw)})
         self.context = context
         self.metrics.add(report)

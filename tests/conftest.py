@@ -13,8 +13,8 @@ import pytest
 from archive.build import main as build_main
 from archive.onnx_export import export_onnx
 from archive.ts_config import update_properties
-from handler.encoder import resolve_placement
-from handler.engine import EmbeddingEngine
+from handler.assembly import assemble
+from handler.service import EmbeddingService
 from handler.settings import Settings
 from scripts.serverctl import TorchServe, isolated_config
 from tests.model_families import FAMILIES, make_family
@@ -34,10 +34,10 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", prompts=PROMPTS)
 
 
-def make_engine(model_dir: Path, **settings) -> EmbeddingEngine:
+def make_engine(model_dir: Path, **settings) -> EmbeddingService:
+    """A service on one CPU thread, cold: tests that need the measured speed warm it up themselves."""
     config = Settings.from_mapping({"device": "cpu", "cpu_threads": 1, **settings})
-    placement = resolve_placement(config, gpu_id=None, workers=1, cuda_available=False, model_dir=model_dir)
-    return EmbeddingEngine.load(model_dir, config, placement, model_name="tiny")
+    return assemble(model_dir, config, model_name="tiny", cuda_available=False, warm=False)
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,7 @@ def onnx_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_engine(tiny_model_dir) -> EmbeddingEngine:
+def tiny_engine(tiny_model_dir) -> EmbeddingService:
     return make_engine(tiny_model_dir)
 
 

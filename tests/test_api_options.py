@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from handler.engine import RawRequest
+from handler.service import RawRequest
 from handler.quantize import quantize
 from tests.conftest import PROMPTS, make_engine
 from tests.test_engine import TEXTS, float64_reference

@@ -44,7 +44,7 @@ def test_tiny_mar_contents_and_config(tiny_model_dir, config):
         names = set(archive.namelist())
         model_config = yaml.safe_load(archive.read("model-config.yaml"))
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    assert {"ts_handler.py", "handler/engine.py", "handler/ts_handler.py", "model/model.safetensors",
+    assert {"ts_handler.py", "handler/service.py", "handler/ts_handler.py", "model/model.safetensors",
             "model/tokenizer.json", "model/config.json", "model/modules.json", "model/1_Pooling/config.json"} <= names
     assert not any("__pycache__" in n for n in names)
     assert manifest["model"]["handler"] == "ts_handler.py"
@@ -99,7 +99,7 @@ def test_pickled_weights_are_converted_to_safetensors(tmp_path, config):
 
 
 def _raw(body):
-    from handler.engine import RawRequest
+    from handler.service import RawRequest
 
     return RawRequest(body)
 
@@ -195,7 +195,7 @@ def test_int8_build_ships_onnx_runtime_s_calibrated_quantization(tiny_model_dir,
     engine = make_engine(model_dir, **handler | {"cpu_threads": 1, "device": "cpu"})
     assert engine.info()["model_dtype"] == "int8" and engine.info()["engine"] == "onnxruntime"
     fp32 = make_engine(tiny_model_dir)
-    ids = fp32.token_ids(TEXTS)
+    ids = fp32.preparer.token_ids(TEXTS)
     cosine = torch.nn.functional.cosine_similarity(engine.encoder.embed(ids).vectors, fp32.encoder.embed(ids).vectors)
     assert cosine.mean() >= 0.99 and cosine.min() >= 0.97
 

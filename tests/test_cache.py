@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from handler.cache import ENTRY_OVERHEAD_BYTES, REDIS_URL_ENV, MemoryCache
-from handler.engine import RawRequest
+from handler.service import RawRequest
 from handler.metrics import COUNTER_FLUSH_S
 from handler.settings import SettingsError
 from tests.conftest import build, make_engine, make_server_config, serving

@@ -73,7 +73,7 @@ def test_choose_picks_the_fitting_bucket_with_fewest_tokens():
 def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     encoder = engine.encoder
-    ids = engine.token_ids(TEXTS * 3)
+    ids = engine.preparer.token_ids(TEXTS * 3)
     eager = encoder.embed(ids).vectors
     with torch.inference_mode():
         encoder.graphs = runner_for(encoder, ladder([1, 2, 4, 8], [8, 16, 32, 64], max_tokens=10**6))
@@ -93,7 +93,7 @@ def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
 def test_padded_tokens_count_the_bucket_a_pass_replays_in(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=512, max_batch_size=8)
     encoder = engine.encoder
-    ids = engine.token_ids(TEXTS)
+    ids = engine.preparer.token_ids(TEXTS)
     with torch.inference_mode():
         encoder.graphs = runner_for(encoder, [Bucket(8, 64)])
     embedded = encoder.embed(ids)
@@ -107,7 +107,7 @@ def test_the_planner_fills_the_buckets(tiny_model_dir):
     # holds 9 rows); priced at the buckets, an 8x8 replay and a 1x8 one cost less.
     engine = make_engine(tiny_model_dir, max_batch_size=16)
     encoder = engine.encoder
-    ids = engine.token_ids(["cat"] * 9)
+    ids = engine.preparer.token_ids(["cat"] * 9)
     with torch.inference_mode():
         encoder.graphs = runner_for(encoder, [Bucket(1, 8), Bucket(8, 8)])
     encoder.pass_overhead_tokens, encoder.replay_overhead_tokens = 200, 4
@@ -155,7 +155,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
     # capture is tried, and the graphs already captured are dropped too.
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     encoder = engine.encoder
-    ids = engine.token_ids(TEXTS * 3)
+    ids = engine.preparer.token_ids(TEXTS * 3)
     eager = encoder.embed(ids).vectors
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
     FailingCapture.captured = []
@@ -172,7 +172,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
 def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     encoder = engine.encoder
-    ids = engine.token_ids(TEXTS * 3)
+    ids = engine.preparer.token_ids(TEXTS * 3)
     eager = encoder.embed(ids).vectors
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
@@ -480,7 +480,7 @@ def test_capture_makes_its_stream_and_pool_on_the_worker_gpu(tiny_model_dir):
 def test_torch_compile_gives_the_eager_results(tiny_model_dir):
     eager, compiled = make_engine(tiny_model_dir), make_engine(tiny_model_dir, compile=True)
     for texts in (TEXTS, ["another shape", "x"]):  # dynamic shapes: no recompile per length
-        ids = eager.token_ids(texts)
+        ids = eager.preparer.token_ids(texts)
         torch.testing.assert_close(compiled.encoder.embed(ids).vectors, eager.encoder.embed(ids).vectors,
                                    atol=1e-5, rtol=1e-4)
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from handler.engine import RawRequest
+from handler.assembly import warm_up
+from handler.service import RawRequest
 from tests.conftest import make_engine
 
 TEXTS = [
@@ -175,7 +176,7 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
     def broken(texts, add_special_tokens):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(engine.tokenizer, "tokens", broken)
+    monkeypatch.setattr(engine.preparer.tokenizer, "tokens", broken)
     responses = engine.handle([RawRequest(b'{"inputs": "x"}', "application/json", "tokenize"),
                                RawRequest(b'{"input": "y"}', "application/json", "")])
     assert [r.status for r in responses] == [500, 200]
@@ -187,7 +188,7 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
 def test_warmup_measures_what_a_forward_pass_costs(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=512)
     assert engine.info()["pass_overhead_tokens"] == 32  # the default until measured
-    engine.warmup()
+    warm_up(engine)
     measured = engine.info()["pass_overhead_tokens"]
     assert 1 <= measured <= 512
     assert engine.encoder.pass_overhead_tokens == measured
@@ -195,7 +196,7 @@ def test_warmup_measures_what_a_forward_pass_costs(tiny_model_dir):
 
 def test_a_set_pass_cost_is_kept_through_warmup(tiny_model_dir):
     engine = make_engine(tiny_model_dir, pass_overhead_tokens=5000)
-    engine.warmup()
+    warm_up(engine)
     assert engine.encoder.pass_overhead_tokens == 5000
     # At that price the planner fills passes to the budget: 40 texts of up to 8 tokens in one.
     assert engine.encoder.embed([[2] * (1 + i % 8) for i in range(40)]).passes == 1
@@ -227,7 +228,7 @@ def test_packed_passes_give_the_padded_vectors_and_compute_no_padding(tiny_model
         [ours], [expected] = packed.handle([RawRequest(body)]), padded.handle([RawRequest(body)])
         ours, expected = (np.array([d["embedding"] for d in json.loads(r.body)["data"]]) for r in (ours, expected))
         assert (ours * expected).sum(axis=1).min() >= 0.9999, body
-    embedded = packed.encoder.embed(packed.token_ids(texts))
+    embedded = packed.encoder.embed(packed.preparer.token_ids(texts))
     assert embedded.padded_tokens == embedded.real_tokens
 
 
@@ -258,7 +259,7 @@ def test_packed_out_of_memory_splits_the_pass(tiny_model_dir, monkeypatch):
     from handler.encoder import FAULTS_ENV
 
     reference = make_engine(tiny_model_dir, packed=True)
-    ids = reference.token_ids(TEXTS)
+    ids = reference.preparer.token_ids(TEXTS)
     monkeypatch.setenv(FAULTS_ENV, "oom_above_tokens=24")
     engine = make_engine(tiny_model_dir, packed=True)
     embedded, expected = engine.encoder.embed(ids), reference.encoder.embed(ids)

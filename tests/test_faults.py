@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from handler.encoder import FAULTS_ENV, DeviceFailure, FaultInjection
-from handler.engine import RawRequest
+from handler.service import RawRequest
 from tests.conftest import REPO, make_engine, serving
 from tests.test_engine import TEXTS
 from tests.test_limits import PoisonedForward
@@ -117,7 +117,7 @@ CPU_OOM_SCRIPT = """
 import json, resource, sys
 import numpy as np, torch
 from tests.conftest import make_engine
-from handler.engine import RawRequest
+from handler.service import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
 texts = ["the cat sat on the mat with a hat and a bat " + str(i) for i in range(1024)]

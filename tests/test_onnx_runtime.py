@@ -10,7 +10,7 @@ import torch
 
 import archive.onnx_export as onnx_export
 from handler.encoder import resolve_placement
-from handler.engine import RawRequest
+from handler.service import RawRequest
 from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer, is_out_of_memory, load_session
 from handler.settings import Settings, SettingsError
 from tests.conftest import PROMPTS, make_engine
@@ -141,7 +141,7 @@ ONNX_OOM_SCRIPT = """
 import json, resource, sys
 import numpy as np
 from tests.conftest import make_engine
-from handler.engine import RawRequest
+from handler.service import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
 # 1024 inputs cut to the 48-token limit: one pass of 1024 x 48 tokens, ~40 MB of attention scores.

@@ -277,7 +277,7 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     # grouped SDPA (the CPU's kernel) standing in for flash and the stand-in graphs.
     engine = make_engine(tiny_model_dir, packed=True, max_batch_tokens=256, max_batch_size=16)
     encoder = engine.encoder
-    ids = engine.token_ids(TEXTS * 3)
+    ids = engine.preparer.token_ids(TEXTS * 3)
     eager = encoder.embed(ids)
     assert engine.info()["cuda_graphs"] == 0
     real_capture = PackedGraphRunner.capture
@@ -290,7 +290,7 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     assert engine.info()["cuda_graphs"] == len(token_ladder(256))  # 16 inputs of 48 tokens hold 256
     # The engine's max_length (the tiny model's max_seq_length), not the 64 positions.
     graphs = encoder.passes.graphs.ladder
-    assert graphs[-1].max_len == engine.max_length == encoder.max_length == 48 < encoder.max_positions
+    assert graphs[-1].max_len == engine.preparer.max_length == encoder.max_length == 48 < encoder.max_positions
     assert all(graph.max_len == min(48, graph.tokens) for graph in graphs)
     replayed = encoder.embed(ids)
     torch.testing.assert_close(replayed.vectors, eager.vectors, atol=1e-5, rtol=1e-4)

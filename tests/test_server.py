@@ -44,7 +44,7 @@ def reference(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
 
     def embed(texts):
-        from handler.engine import RawRequest
+        from handler.service import RawRequest
 
         [response] = engine.handle([RawRequest({"input": list(texts)})])
         return np.array([d["embedding"] for d in json.loads(response.body)["data"]])
