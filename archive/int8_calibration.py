@@ -31,7 +31,8 @@ import torch
 
 from archive.corpus import mixed_corpus
 from handler.assembly import assemble
-from handler.encoder import quantize_int8, quantizable_layers
+from handler.encoder import Encoder
+from handler.loading import TorchTransformer, quantizable_layers, quantize_int8
 from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer
 from handler.pooling import l2_normalize
 from handler.service import EmbeddingService
@@ -63,12 +64,13 @@ class Calibration:
 def calibrate(model_dir: Path, handler_section: dict) -> Calibration:
     """Calibrate torch's int8 (dynamic, per-channel, Linear layers) of the model in model_dir."""
     engine, ids = _calibration_engine(model_dir, handler_section, "torch")
-    fp32 = engine.encoder.model
-    reference = _embed(engine, ids)
+    encoder = engine.encoder
+    fp32 = encoder.backend.transformer.model
+    reference = _embed(encoder, ids)
 
     def cosines(keep: list[str]) -> torch.Tensor:
-        engine.encoder.model = quantize_int8(copy.deepcopy(fp32), keep)
-        return (_embed(engine, ids) * reference).sum(1)
+        trial = TorchTransformer(quantize_int8(copy.deepcopy(fp32), keep))
+        return (_embed(encoder.with_backend(encoder.backend.with_transformer(trial)), ids) * reference).sum(1)
 
     return _keep_until_within_floor(quantizable_layers(fp32), cosines, "torch")
 
@@ -78,14 +80,15 @@ def calibrate_onnx(model_dir: Path, handler_section: dict) -> Calibration:
     and remove the float32 export (an int8 archive does not serve it)."""
     engine, ids = _calibration_engine(model_dir, handler_section, "onnxruntime")
     source, target = model_dir / ONNX_FILE, model_dir / INT8_ONNX_FILE
-    reference = _embed(engine, ids)
+    encoder = engine.encoder
+    reference = _embed(encoder, ids)
     with tempfile.TemporaryDirectory(prefix="int8-") as tmp:
         trial = Path(tmp) / INT8_ONNX_FILE
 
         def cosines(keep: list[str]) -> torch.Tensor:
             quantize_onnx(source, trial, keep)
-            engine.encoder.transformer = OnnxTransformer(trial, threads=torch.get_num_threads())
-            return (_embed(engine, ids) * reference).sum(1)
+            session = OnnxTransformer(trial, threads=torch.get_num_threads())
+            return (_embed(encoder.with_backend(encoder.backend.with_transformer(session)), ids) * reference).sum(1)
 
         calibration = _keep_until_within_floor(onnx_quantizable_nodes(source), cosines, "onnxruntime")
     quantize_onnx(source, target, calibration.keep_fp32)
@@ -141,5 +144,5 @@ def _keep_until_within_floor(units: list[str], cosines: Callable[[list[str]], to
                        len(units) - len(keep), engine)
 
 
-def _embed(engine: EmbeddingService, ids: list[list[int]]) -> torch.Tensor:
-    return l2_normalize(engine.encoder.embed(ids).vectors)
+def _embed(encoder: Encoder, ids: list[list[int]]) -> torch.Tensor:
+    return l2_normalize(encoder.embed(ids).vectors)

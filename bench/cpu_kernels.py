@@ -23,6 +23,7 @@ from archive.int8_calibration import Calibration, calibrate_onnx
 from archive.onnx_export import export_onnx
 from bench.inprocess import bench_engine, cosine_stats, load_engine
 from handler.model_files import describe_model
+from handler.padded import PaddedInputs
 
 SHAPES = ((1, 16), (1, 64), (1, 256), (16, 64))
 
@@ -46,12 +47,12 @@ def int8_copy(model_dir: Path, root: Path) -> tuple[Path, Calibration]:
 def pass_ms(engine, batch: int, length: int, repeats: int) -> float:
     """Median milliseconds of one forward pass (transformer, pooling, head) of random ids."""
     ids = torch.randint(1000, 20000, (batch, length))
-    mask = torch.ones_like(ids)
+    inputs = PaddedInputs(ids, torch.ones_like(ids))
     times = []
     with torch.inference_mode():
         for _ in range(repeats + 2):
             started = time.perf_counter()
-            engine.encoder._run_pass(ids, mask)
+            engine.encoder.backend.run(inputs)
             times.append(time.perf_counter() - started)
     return round(float(np.median(times[2:])) * 1000, 2)
 

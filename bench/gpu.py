@@ -52,8 +52,9 @@ import torch
 
 from archive.corpus import load_tokenizer, mixed_corpus, text_of_length, vocabulary_words
 from bench.inprocess import flops_per_token, matmul_gflops
-from handler.encoder import available_cpus, resolve_placement
-from handler.engine import EmbeddingEngine, RawRequest
+from handler.assembly import assemble
+from handler.placement import available_cpus
+from handler.service import EmbeddingService, RawRequest
 from handler.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,7 +191,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     minilm_memory = memory.open()
     reference_engine = bench.engine("reference_float32", primary, dtype="float32", max_batch_size=1, unpadded=True,
                                     warmup=False)
-    reference = reference_engine.encoder.embed(reference_engine.token_ids(texts)).vectors.numpy()
+    reference = reference_engine.encoder.embed(reference_engine.preparer.token_ids(texts)).vectors.numpy()
     engines = {}
     for dtype, graphs in modes:
         name = mode_name(dtype, graphs)
@@ -222,7 +223,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
                                                             *packed_names) if name in engines}
     # From here on each section stands alone: one that fails leaves its error and the next runs.
     with _section(results, "adversarial", checkpoint):
-        results["correctness"]["adversarial"] = adversarial(adversarial_engines, reference_engine)
+        results["correctness"]["adversarial"] = adversarial(adversarial_engines, reference_engine, primary)
 
     _progress("batch-1 latency ...")
     latency_engines = {"eager": engines[eager], **({"graphs": engines[graphs]} if cuda else {})}
@@ -290,20 +291,18 @@ class Bench:
         self.memory = memory
 
     def engine(self, name: str, model_dir: Path, *, unpadded: bool = False, warmup: bool = True,
-               **settings) -> EmbeddingEngine:
+               **settings) -> EmbeddingService:
         threads = {} if self.device == "cuda" else {"cpu_threads": available_cpus()}
         config = Settings.from_mapping({"device": self.device, "engine": "torch", **threads, **self.overrides,
                                         **settings})
-        placement = resolve_placement(config, None, 1, torch.cuda.is_available(), model_dir=model_dir)
-        if unpadded:  # the reference: no pad-to-multiple, so a one-text pass holds no padding at all
-            placement = replace(placement, pad_multiple=1)
+        # The reference: no pad-to-multiple, so a one-text pass holds no padding at all.
+        unpad = (lambda placement: replace(placement, pad_multiple=1)) if unpadded else None
         _sync(self.device)
         before = torch.cuda.memory_allocated() if self.device == "cuda" else 0
         window = self.memory.open()
         started = time.perf_counter()
-        engine = EmbeddingEngine.load(model_dir, config, placement, "bench")
-        if warmup:
-            engine.warmup()
+        engine = assemble(model_dir, config, model_name="bench", cuda_available=torch.cuda.is_available(),
+                          warm=warmup, adjust_placement=unpad)
         _sync(self.device)
         record = {"startup_s": round(time.perf_counter() - started, 3),
                   "pass_overhead_tokens": getattr(engine.encoder, "pass_overhead_tokens", None)}
@@ -496,7 +495,7 @@ def matmul_tflops(size: int = 8192, repeats: int = 20) -> float:
 
 # -- correctness ----------------------------------------------------------------------------------
 
-def correctness(engines: dict[str, EmbeddingEngine], modes: list[str], texts: list[str],
+def correctness(engines: dict[str, EmbeddingService], modes: list[str], texts: list[str],
                 reference: np.ndarray) -> dict:
     """Each mode's vectors for the corpus, embedded in TorchServe-sized batches, against the
     reference; graphs also against eager at the same dtype."""
@@ -516,8 +515,8 @@ def correctness(engines: dict[str, EmbeddingEngine], modes: list[str], texts: li
     return {"texts": len(texts), "batch": TORCHSERVE_BATCH, "modes": rows}
 
 
-def embed_batches(engine: EmbeddingEngine, texts: list[str], batch: int = TORCHSERVE_BATCH) -> np.ndarray:
-    ids = engine.token_ids(texts)
+def embed_batches(engine: EmbeddingService, texts: list[str], batch: int = TORCHSERVE_BATCH) -> np.ndarray:
+    ids = engine.preparer.token_ids(texts)
     return np.concatenate([engine.encoder.embed(ids[i : i + batch]).vectors.numpy()
                            for i in range(0, len(ids), batch)])
 
@@ -543,14 +542,14 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-30)
 
 
-def adversarial(engines: dict[str, EmbeddingEngine], reference: EmbeddingEngine) -> dict:
+def adversarial(engines: dict[str, EmbeddingService], reference: EmbeddingService, model_dir: Path) -> dict:
     """Shapes where graph replay could go wrong, each against the one-text reference and, for
     graphs, against the same passes run eagerly: padding rows beside one real row, the extremes
     of length in one pass, a small bucket replayed after a large one, and distinct inputs that
     must stay distinct. Engines are run in order: each eager twin before its graphs."""
-    tokenizer = load_tokenizer(reference.encoder.model_dir / "tokenizer.json")
+    tokenizer = load_tokenizer(Path(model_dir) / "tokenizer.json")
     words, rng = vocabulary_words(tokenizer), random.Random(7)
-    longest = min(256, reference.max_length)
+    longest = min(256, reference.preparer.max_length)
 
     def text(tokens: int) -> str:
         return text_of_length(tokenizer, words, rng, min(tokens, longest))
@@ -565,7 +564,7 @@ def adversarial(engines: dict[str, EmbeddingEngine], reference: EmbeddingEngine)
     results = {}
     for case, calls in cases.items():
         texts = [t for call in calls for t in call]
-        expected = reference.encoder.embed(reference.token_ids(texts)).vectors.numpy()
+        expected = reference.encoder.embed(reference.preparer.token_ids(texts)).vectors.numpy()
         rows, outputs = {}, {}
         for name, engine in engines.items():
             before = _graph_counts(engine)
@@ -579,17 +578,17 @@ def adversarial(engines: dict[str, EmbeddingEngine], reference: EmbeddingEngine)
                 rows[name]["repeat_max_abs_diff"] = float(np.abs(outputs[name][0] - outputs[name][2]).max())
             if case == "distinct_inputs":
                 rows[name]["max_pairwise_cosine"] = _max_pairwise_cosine(outputs[name])
-        results[case] = {"tokens": [len(ids) for ids in reference.token_ids(texts)], "modes": rows}
+        results[case] = {"tokens": [len(ids) for ids in reference.preparer.token_ids(texts)], "modes": rows}
     return results
 
 
-def _embed_calls(engine: EmbeddingEngine, calls: list[list[str]], one_pass: bool) -> tuple[np.ndarray, int]:
+def _embed_calls(engine: EmbeddingService, calls: list[list[str]], one_pass: bool) -> tuple[np.ndarray, int]:
     encoder = engine.encoder
     measured = encoder.pass_overhead_tokens
     if one_pass:  # a pass so dear that the planner never splits
         encoder.pass_overhead_tokens = 10**9
     try:
-        embedded = [encoder.embed(engine.token_ids(call)) for call in calls]
+        embedded = [encoder.embed(engine.preparer.token_ids(call)) for call in calls]
     finally:
         encoder.pass_overhead_tokens = measured
     return np.concatenate([e.vectors.numpy() for e in embedded]), sum(e.passes for e in embedded)
@@ -602,7 +601,7 @@ def _max_pairwise_cosine(vectors: np.ndarray) -> float:
     return round(float(similarity.max()), 6)
 
 
-def _graph_counts(engine: EmbeddingEngine) -> tuple[int, int] | None:
+def _graph_counts(engine: EmbeddingService) -> tuple[int, int] | None:
     """Replays and eager passes so far of the engine's graphs, or None."""
     runner = engine.encoder.graph_runner
     return None if runner is None else (runner.replays, runner.eager)
@@ -617,7 +616,7 @@ def _eager_twin(name: str, names) -> str | None:
 
 # -- latency and throughput -----------------------------------------------------------------------
 
-def latency(engines: dict[str, EmbeddingEngine], model_dir: Path, repeats: int, cuda: bool) -> list[dict]:
+def latency(engines: dict[str, EmbeddingService], model_dir: Path, repeats: int, cuda: bool) -> list[dict]:
     """One text per call through `encoder.embed` (pad, copy in, forward, pool, copy out): the
     median of `repeats` calls, by wall clock and by CUDA events around the call."""
     tokenizer = load_tokenizer(model_dir / "tokenizer.json")
@@ -626,7 +625,7 @@ def latency(engines: dict[str, EmbeddingEngine], model_dir: Path, repeats: int, 
     for tokens in LATENCY_TOKENS:
         text = text_of_length(tokenizer, words, rng, tokens)
         for name, engine in engines.items():
-            ids = engine.token_ids([text])
+            ids = engine.preparer.token_ids([text])
             for _ in range(max(3, repeats // 20)):  # warm this shape up
                 engine.encoder.embed(ids)
             wall, events = [], []
@@ -648,14 +647,14 @@ def latency(engines: dict[str, EmbeddingEngine], model_dir: Path, repeats: int, 
     return rows
 
 
-def saturation(engine: EmbeddingEngine, model_dir: Path, texts: list[str], device: str, dtype: str, best_of: int,
+def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], device: str, dtype: str, best_of: int,
                peak: dict, reference: np.ndarray | None = None) -> dict:
     """The whole corpus in one `embed` call (the engine sorts and cuts it), fastest of `best_of`,
     with tokenizing timed apart; then sentence-transformers `encode` on the same texts."""
     tokenize_s, embed_s = float("inf"), float("inf")
     for _ in range(best_of):
         began = time.perf_counter()
-        ids = engine.token_ids(texts)
+        ids = engine.preparer.token_ids(texts)
         tokenize_s = min(tokenize_s, time.perf_counter() - began)
         began = time.perf_counter()
         embedded = engine.encoder.embed(ids)  # returns on the host: the device is done
@@ -690,14 +689,14 @@ def saturation(engine: EmbeddingEngine, model_dir: Path, texts: list[str], devic
     return result
 
 
-def packed_against_padded(packed: dict[str, EmbeddingEngine], padded: dict[str, EmbeddingEngine],
+def packed_against_padded(packed: dict[str, EmbeddingService], padded: dict[str, EmbeddingService],
                           texts: list[str], best_of: int) -> dict:
     """The corpus in TorchServe-sized batches through packed and padded passes, in turns (the
     fastest of `best_of` each): real tokens/s, real / computed tokens, and each packed engine's
     ratio to each padded one."""
     engines = {**packed, **padded}
     first = next(iter(packed.values()))
-    ids = first.token_ids(texts)
+    ids = first.preparer.token_ids(texts)
     batches = [ids[start:start + TORCHSERVE_BATCH] for start in range(0, len(ids), TORCHSERVE_BATCH)]
     best = dict.fromkeys(engines, float("inf"))
     computed = dict.fromkeys(engines, 0)
@@ -737,7 +736,7 @@ def sentence_transformers_encode(model_dir: Path, texts: list[str], device: str,
     return {"dtype": dtype, "by_batch_size": rows}, vectors
 
 
-def handle(engine: EmbeddingEngine, texts: list[str], batch: int = TORCHSERVE_BATCH) -> dict:
+def handle(engine: EmbeddingService, texts: list[str], batch: int = TORCHSERVE_BATCH) -> dict:
     """`handle` on back-to-back TorchServe batches of one-text JSON requests, as the TorchServe
     handler hands them over (decode_input_request=false: the raw body bytes)."""
     requests = [RawRequest(bytearray(json.dumps({"input": text}).encode()), "application/json", "")

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from bench.gpu import GRAPHS_MAX_REL_ERROR, compare
-from handler.encoder import resolve_placement
-from handler.engine import EmbeddingEngine
+from handler.assembly import assemble
+from handler.service import EmbeddingService
 from handler.settings import Settings
 from tests.model_families import FAMILIES, corpus, make_family
 
@@ -81,7 +81,7 @@ def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dic
     # Mixed lengths, a few over the model's max length (cut, as served).
     texts = [text * (1 + i % 5) for i, text in enumerate(corpus(count, seed=11))]
     reference_engine, _ = _engine(model_dir, device, dtype="float32", max_batch_size=1, unpadded=True)
-    ids = reference_engine.token_ids(texts)
+    ids = reference_engine.preparer.token_ids(texts)
     reference = reference_engine.encoder.embed(ids).vectors.numpy()
     del reference_engine
     rows, vectors = {}, {}
@@ -145,16 +145,14 @@ class _Collect(logging.Handler):
         self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}"[:500])
 
 
-def _engine(model_dir: Path, device: str, *, unpadded: bool = False, **settings) -> tuple[EmbeddingEngine, list]:
+def _engine(model_dir: Path, device: str, *, unpadded: bool = False, **settings) -> tuple[EmbeddingService, list]:
     config = Settings.from_mapping({"device": device, "engine": "torch", **settings})
-    placement = resolve_placement(config, None, 1, torch.cuda.is_available(), model_dir=model_dir)
-    if unpadded:  # the reference: one text a pass, no padding at all
-        placement = replace(placement, pad_multiple=1)
+    unpad = (lambda placement: replace(placement, pad_multiple=1)) if unpadded else None  # the reference: no padding
     collect, logger = _Collect(), logging.getLogger("handler")
     logger.addHandler(collect)
     try:
-        engine = EmbeddingEngine.load(model_dir, config, placement, "family")
-        engine.warmup()
+        engine = assemble(model_dir, config, model_name="family", cuda_available=torch.cuda.is_available(), warm=True,
+                          adjust_placement=unpad)
     finally:
         logger.removeHandler(collect)
     return engine, collect.lines[:40]

@@ -92,7 +92,7 @@ def matmul_gflops(threads: int, size: int = 1024, seconds: float = 2.0) -> float
 def flops_per_token(engine: EmbeddingService, sequence_length: int) -> float:
     """Forward FLOPs per token: 2 per weight of every encoder Linear, plus attention's two
     (seq x hidden) products per layer."""
-    model = engine.encoder.model
+    model = engine.encoder.backend.transformer.model  # the torch engine's
     linear = sum(m.weight.numel() for name, m in model.named_modules()
                  if isinstance(m, torch.nn.Linear) and not name.startswith("pooler"))
     config = model.config

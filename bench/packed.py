@@ -181,7 +181,7 @@ def compare_engines(model_dir: Path, texts: list[str], rounds: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-packed-") as tmp:
         padded = load_engine(model_dir, THREADS, engine="torch", lend_idle_cpus=False)
         onnx = load_engine(exported_copy(model_dir, Path(tmp)), THREADS, engine="auto", lend_idle_cpus=False)
-        assert onnx.encoder.placement.engine == "onnxruntime", onnx.encoder.placement.engine
+        assert onnx.encoder.describe()["engine"] == "onnxruntime", onnx.encoder.describe()
         packed = load_engine(model_dir, THREADS, engine="torch", packed=True, lend_idle_cpus=False)
         assert packed.info()["layout"] == "packed", packed.info()
         rows = padded.preparer.token_ids(texts)

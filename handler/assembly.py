@@ -17,13 +17,18 @@ from typing import Any, Callable
 import torch
 
 from handler.admission import WORK_SHARE, work_budget
+from handler.backend import PassCost
 from handler.batching import DEFAULT_PASS_OVERHEAD_TOKENS
 from handler.cache import open_cache
 from handler.codec import ENCODING_FORMATS
-from handler.encoder import Encoder, Placement, resolve_max_length, resolve_placement
-from handler.model_files import ModelDescription, describe_model
+from handler.cpu_lending import CpuLending
+from handler.encoder import Encoder
+from handler.faults import FaultInjectingBackend, FaultInjection
+from handler.model_files import ModelDescription, describe_model, resolve_max_length
+from handler.placement import Placement, apply_placement, resolve_placement
 from handler.prepare import RequestPreparer
 from handler.quantize import OUTPUT_DTYPES
+from handler.select import ModelParts, select_backend
 from handler.service import EmbeddingService
 from handler.settings import Settings
 from handler.tokenization import TextTokenizer, set_parallelism
@@ -54,6 +59,10 @@ def assemble(model_dir: str | Path, settings: Settings, *, model_name: str, gpu_
         warm_up(service)
     if response_timeout_s is not None:
         bound_work(service, response_timeout_s)
+    faults = FaultInjection.from_env()
+    if faults is not None:  # the tests' failures in a real worker, once it has warmed up
+        encoder = service.encoder
+        service = service.with_encoder(encoder.with_backend(FaultInjectingBackend(encoder.backend, faults)))
     return service
 
 
@@ -64,23 +73,23 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case)
     max_length = resolve_max_length(settings.max_length, description.max_seq_length,
                                     tokenizer.model_max_length, description.usable_positions)
-    encoder = Encoder(
-        model_dir, placement,
+    parts = ModelParts(
         pooling=description.pooling,
         head=description.head,
         pad_id=tokenizer.pad_id,
         max_batch_size=settings.max_batch_size,
-        pass_overhead_tokens=settings.pass_overhead_tokens or DEFAULT_PASS_OVERHEAD_TOKENS,
         max_positions=description.usable_positions,
         # The longest input the tokenizer assembles: max_length, or the special tokens alone should they be more.
         max_length=max(max_length, len(tokenizer.prefix) + len(tokenizer.suffix)),
     )
+    encoder = _open_encoder(model_dir, settings, placement, parts)
     default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
     # Everything that changes a vector for the same token ids: weights (the revision hashes
     # the pipeline modules' too), how they run, and the pipeline after the transformer.
-    dtype = f"int8:{placement.engine}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
-        else f"{placement.dtype}:{placement.engine}"
-    dtype += f":{encoder.layout()['layout']}"
+    runs = encoder.describe()
+    dtype = f"int8:{runs['engine']}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
+        else f"{placement.dtype}:{runs['engine']}"
+    dtype += f":{runs['layout']}"
     cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
                        identity=f"{settings.revision}|{dtype}|{'/'.join(description.modules)}")
     preparer = RequestPreparer(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
@@ -88,6 +97,18 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
                                include_prompt=encoder.pooling.include_prompt)
     return EmbeddingService(preparer, encoder, settings, model_name=model_name, cache=cache,
                             info=partial(info, description=description))
+
+
+def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placement, parts: ModelParts) -> Encoder:
+    """The worker's encoder: placed, its backend selected (handler/select.py), its pass prices at
+    their defaults until warm-up measures them."""
+    apply_placement(placement)
+    selection = select_backend(Path(model_dir), settings, placement, parts)
+    overhead = settings.pass_overhead_tokens or DEFAULT_PASS_OVERHEAD_TOKENS
+    cost = PassCost(placement.max_batch_tokens, settings.max_batch_size, overhead, overhead)
+    lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
+    return Encoder(selection.backend, cost, placement, dimension=selection.dimension, pooling=parts.pooling,
+                   pad_id=parts.pad_id, max_positions=parts.max_positions, lending=lending, reasons=selection.reasons)
 
 
 def warm_up(service: EmbeddingService) -> None:
@@ -126,8 +147,8 @@ def info(service: EmbeddingService, description: ModelDescription) -> dict[str, 
         "model_type": "embedding",
         "model_dtype": "int8" if placement.int8 else str(placement.dtype).removeprefix("torch."),
         "device": str(placement.device),
-        "engine": placement.engine,
-        **encoder.layout(),  # "layout": padded or packed; the attention kernel; CUDA graphs
+        **encoder.describe(),  # engine; "layout": padded or packed; the attention kernel; CUDA graphs
+        "selected_by": encoder.reasons,
         "embedding_dimension": encoder.dimension,
         "max_input_length": preparer.max_length,
         "architecture": description.model_type,

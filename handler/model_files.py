@@ -272,3 +272,19 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ModelFilesError(f"cannot read {path}: {err}") from None
+
+
+def resolve_max_length(setting: int, st_max_seq_length: int | None, tokenizer_limit: int | None,
+                       max_positions: int | None) -> int:
+    """The token limit per input: the setting, else sentence-transformers' max_seq_length (which
+    it applies over the tokenizer's own limit), else the tokenizer's; never beyond the positions
+    the architecture can use (XLM-R: 512 of its 514 position embeddings)."""
+    positions = max_positions or 10**9
+    if setting:
+        if setting > positions:
+            raise ValueError(f"handler setting 'max_length': {setting} exceeds the {positions} positions this "
+                             "model can use")
+        return setting
+    if not tokenizer_limit or tokenizer_limit > 10**6:  # transformers' "no limit" sentinel
+        tokenizer_limit = positions
+    return min(st_max_seq_length or tokenizer_limit, positions)

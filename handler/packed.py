@@ -27,8 +27,9 @@ Pooling (`pool_packed`) works on the packed states with segment reductions and m
 handler/pooling.py's `pool` on the padded states: the same modes, in float32, with a per-input
 count of leading prompt tokens left out of pooling.
 
-For the encoder: `PackedPasses` plans, prepares and runs its passes packed (pooling and head
-included); the encoder checks them against its padded passes at start-up (handler/encoder.py).
+`PackedBackend` is the execution seam's packed layout (handler/backend.py): it plans, prepares
+and runs passes packed, pooling and head included; handler/select.py checks it against the
+padded layout at start-up before a worker uses it.
 """
 
 from __future__ import annotations
@@ -37,16 +38,20 @@ import math
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain
-from typing import Callable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
 
+from handler.backend import PassCost
 from handler.batching import plan_packed
 from handler.model_files import POOLING_MODES
 from handler.transfer import to_device
+
+if TYPE_CHECKING:  # packed_graphs imports this module
+    from handler.packed_graphs import PackedGraphRunner
 
 # The architectures whose forward this module reproduces, by exact class: a subclass may change it.
 SUPPORTED = (BertModel, RobertaModel, XLMRobertaModel, MPNetModel)
@@ -347,36 +352,35 @@ class PackedInputs(NamedTuple):
     unpooled: torch.Tensor | None  # (n,) int64 leading tokens left out of pooling; None: all pooled
 
 
-class PackedPasses:
-    """The encoder's passes, packed: planned by real tokens, run through a PackedTransformer,
-    pooled, then through the pipeline's head. Same protocol as the encoder's padded passes:
-    plan(lengths) -> passes of item indices, prepare(rows, unpooled) -> inputs,
-    run(inputs) -> (n, dimension) float32, computed_tokens(inputs).
-
-    `graphs` (handler/packed_graphs.py's PackedGraphRunner), once the encoder has captured them,
-    replay the passes they hold; the rest run eagerly."""
+class PackedBackend:
+    """Passes packed: planned by real tokens, run through a PackedTransformer, pooled, then
+    through the pipeline's head (handler/backend.py's seam). `graphs` (handler/packed_graphs.py's
+    PackedGraphRunner, captured on this backend's `run_eager`) replay the passes they hold; the
+    rest run eagerly."""
 
     def __init__(self, transformer: PackedTransformer, modes: Sequence[str], head: torch.nn.Module | None,
-                 max_batch_tokens: int, max_batch_size: int):
+                 graphs: "PackedGraphRunner | None" = None):
         self.transformer = transformer
         self.modes = tuple(modes)
         self.head = head
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_size = max_batch_size
-        self.graphs = None
+        self.graphs = graphs
+        self.device = transformer.device
 
-    def plan(self, lengths: Sequence[int]) -> list[list[int]]:
-        return plan_packed(lengths, self.max_batch_tokens, self.max_batch_size)
+    def with_graphs(self, graphs: "PackedGraphRunner | None") -> "PackedBackend":
+        """The same backend, replaying `graphs`."""
+        return PackedBackend(self.transformer, self.modes, self.head, graphs)
+
+    def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
+        return plan_packed(lengths, cost.max_batch_tokens, cost.max_batch_size)
 
     def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PackedInputs:
-        device = self.transformer.device
-        packed = pack(rows, device)
-        prompts = None if unpooled is None else to_device(np.asarray(unpooled, dtype=np.int64), device)
+        packed = pack(rows, self.device)
+        prompts = None if unpooled is None else to_device(np.asarray(unpooled, dtype=np.int64), self.device)
         return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts)
 
-    def run(self, inputs: PackedInputs) -> torch.Tensor:
+    def run(self, inputs: PackedInputs, *, eager: bool = False) -> torch.Tensor:
         """-> (n, dimension) float32, in the order of the pass's rows."""
-        return self.run_eager(inputs) if self.graphs is None else self.graphs.run(inputs)
+        return self.run_eager(inputs) if self.graphs is None or eager else self.graphs.run(inputs)
 
     def run_eager(self, inputs: PackedInputs) -> torch.Tensor:
         hidden = self.transformer(inputs.ids, inputs.cu_seqlens, inputs.max_len)  # (total, hidden)
@@ -386,3 +390,7 @@ class PackedPasses:
     def computed_tokens(self, inputs: PackedInputs) -> int:
         """Real tokens only, but for the padding of the graph that replays the pass."""
         return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(inputs)
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "torch", "layout": "packed", "attention": self.transformer.attention_kernel,
+                "cuda_graphs": 0 if self.graphs is None else len(self.graphs.graphs)}

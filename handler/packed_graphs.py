@@ -69,7 +69,7 @@ from handler.transfer import to_device
 
 log = logging.getLogger(__name__)
 
-# The eager packed pass: inputs -> (inputs, dimension) float32 (PackedPasses.run_eager).
+# The eager packed pass: inputs -> (inputs, dimension) float32 (PackedBackend.run_eager).
 PackedForward = Callable[[PackedInputs], torch.Tensor]
 
 # The ladder: a size every TOKEN_STEP tokens up to TOKEN_STEP * RESOLUTION, then steps of

@@ -22,8 +22,9 @@ from handler.admission import WorkBudget, admit, max_request_tokens
 from handler.batching import flatten
 from handler.cache import EmbeddingCache, embed_cached
 from handler.codec import Route, encode_error, encode_info, encode_tokens, parse_request
-from handler.encoder import DeviceFailure, Encoder
+from handler.encoder import Encoder
 from handler.errors import RequestError, internal_error, log_failure, overloaded, unavailable
+from handler.faults import DeviceFailure
 from handler.metrics import BatchReport
 from handler.output import RETRY_LATER, Outcome, answer, error_body, shape_vectors
 from handler.prepare import Checked, Job, RequestPreparer
@@ -58,6 +59,13 @@ class EmbeddingService:
         self._info = info
         self.tokens_per_second: float | None = None  # measured at warm-up
         self.budget: WorkBudget | None = None  # each batch's work; None until bound after warm-up
+
+    def with_encoder(self, encoder: Encoder) -> "EmbeddingService":
+        """This service's twin, embedding through `encoder` (its measured speed and work budget kept)."""
+        twin = EmbeddingService(self.preparer, encoder, self.settings, model_name=self.model_name, cache=self.cache,
+                                info=self._info)
+        twin.tokens_per_second, twin.budget = self.tokens_per_second, self.budget
+        return twin
 
     @property
     def batch_work_tokens(self) -> int | None:

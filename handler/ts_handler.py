@@ -21,8 +21,8 @@ from ts.metrics.metric_type_enum import MetricTypes
 from handler.allocator import FreedMemory, pin_mmap_threshold
 from handler.assembly import assemble
 from handler.busy import BusyMark
-from handler.encoder import DeviceFailure
 from handler.errors import log_failure
+from handler.faults import DeviceFailure
 from handler.metrics import BatchReport, MetricBuffer, Row
 from handler.service import EmbeddingService, RawRequest, Response
 from handler.settings import Settings

@@ -9,7 +9,8 @@ import time
 import torch
 
 from handler.cpu_lending import CpuLending
-from handler.encoder import resolve_placement
+from handler.placement import resolve_placement
+from tests.parts import ObservedBackend, on_backend
 from handler.settings import Settings
 from tests.conftest import make_engine
 
@@ -77,17 +78,15 @@ def test_an_owner_waits_one_pass_for_a_lent_cpu_and_keeps_it_from_then_on(tmp_pa
 
 
 def test_the_encoder_runs_small_passes_on_borrowed_cpus(tiny_model_dir, monkeypatch, tmp_path):
-    monkeypatch.setattr("handler.encoder.available_cpus", lambda: 2)
+    monkeypatch.setattr("handler.placement.available_cpus", lambda: 2)
     placement = resolve_placement(Settings(max_batch_tokens=2048), gpu_id=None, workers=2, cuda_available=False)
     assert (placement.cpu_threads, placement.lend_cpus) == (1, 2)
     engine = make_engine(tiny_model_dir, pass_overhead_tokens=32)
-    encoder = engine.encoder
-    encoder.placement = placement
-    encoder.lending, other_worker = CpuLending.join(2, 1, tmp_path), CpuLending.join(2, 1, tmp_path)
     seen = []
-    run_pass = encoder._run_pass
-    monkeypatch.setattr(encoder, "_run_pass", lambda ids, mask: (seen.append(torch.get_num_threads()),
-                                                                 run_pass(ids, mask))[1])
+    counted = ObservedBackend(engine.encoder.backend, observe=lambda inputs: seen.append(torch.get_num_threads()))
+    lending, other_worker = CpuLending.join(2, 1, tmp_path), CpuLending.join(2, 1, tmp_path)
+    encoder = on_backend(engine.encoder, counted, placement=placement, lending=lending,
+                         max_batch_tokens=placement.max_batch_tokens)
     encoder.embed([[2] * 20])  # a small pass, the other worker idle: both CPUs
     encoder.embed([[2] * 60] * 20)  # one pass of 1200 padded tokens, over 1024: its own CPU only
     with other_worker.batch():

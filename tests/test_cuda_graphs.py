@@ -18,10 +18,11 @@ import torch
 
 from handler.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, _relative_error, choose,
                                  forward_synchronizes, ladder)
-from handler.encoder import make_current, resolve_placement, worker_device
+from handler.placement import make_current, resolve_placement, worker_device
 from handler.settings import Settings
 from tests.conftest import make_engine
 from tests.model_families import FAMILIES
+from tests.parts import replaying, torch_model
 from tests.test_engine import TEXTS
 
 BYTES_PER_TOKEN = 100  # the stand-ins' memory: a pass needs this much per token of its bucket
@@ -51,8 +52,8 @@ class EagerStandIn(EagerReplay, StaticGraph):
 
 def runner_for(encoder, buckets, graph_type=EagerStandIn, **kwargs):
     settings = {"max_bytes": 1 << 40, "tolerance": 1e-4, **kwargs}
-    return GraphRunner.capture(encoder._pooled, buckets, pad_id=encoder.pad_id, device=torch.device("cpu"),
-                               vocab_size=encoder.model.config.vocab_size, graph_type=graph_type, **settings)
+    return GraphRunner.capture(encoder.backend.pooled, buckets, pad_id=encoder.pad_id, device=torch.device("cpu"),
+                               vocab_size=torch_model(encoder).config.vocab_size, graph_type=graph_type, **settings)
 
 
 def test_ladder_keeps_pairs_within_the_budget_largest_first():
@@ -76,18 +77,17 @@ def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
     ids = engine.preparer.token_ids(TEXTS * 3)
     eager = encoder.embed(ids).vectors
     with torch.inference_mode():
-        encoder.graphs = runner_for(encoder, ladder([1, 2, 4, 8], [8, 16, 32, 64], max_tokens=10**6))
-    encoder.graphs.replays = 0  # the start-up check replayed too
-    replayed = encoder.embed(ids)
+        graphs = runner_for(encoder, ladder([1, 2, 4, 8], [8, 16, 32, 64], max_tokens=10**6))
+    graphs.replays = 0  # the start-up check replayed too
+    replayed = replaying(encoder, graphs).embed(ids)
     torch.testing.assert_close(replayed.vectors, eager, atol=1e-5, rtol=1e-4)
-    assert replayed.passes > 1 and encoder.graphs.replays == replayed.passes and encoder.graphs.eager == 0
+    assert replayed.passes > 1 and graphs.replays == replayed.passes and graphs.eager == 0
 
     # Passes larger than every bucket run eagerly, with the same results.
     with torch.inference_mode():
-        encoder.graphs = runner_for(encoder, [Bucket(8, 16)])
-    torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
-    assert encoder.graphs.eager > 0 and encoder.graphs.replays > 0  # only the short passes fit
-    encoder.graphs = None
+        graphs = runner_for(encoder, [Bucket(8, 16)])
+    torch.testing.assert_close(replaying(encoder, graphs).embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    assert graphs.eager > 0 and graphs.replays > 0  # only the short passes fit
 
 
 def test_padded_tokens_count_the_bucket_a_pass_replays_in(tiny_model_dir):
@@ -95,9 +95,7 @@ def test_padded_tokens_count_the_bucket_a_pass_replays_in(tiny_model_dir):
     encoder = engine.encoder
     ids = engine.preparer.token_ids(TEXTS)
     with torch.inference_mode():
-        encoder.graphs = runner_for(encoder, [Bucket(8, 64)])
-    embedded = encoder.embed(ids)
-    encoder.graphs = None
+        embedded = replaying(encoder, runner_for(encoder, [Bucket(8, 64)])).embed(ids)
     assert embedded.padded_tokens == embedded.passes * 8 * 64  # every pass computed the whole bucket
     assert embedded.padded_tokens > encoder.embed(ids).padded_tokens  # eager computes only its own padding
 
@@ -109,11 +107,9 @@ def test_the_planner_fills_the_buckets(tiny_model_dir):
     encoder = engine.encoder
     ids = engine.preparer.token_ids(["cat"] * 9)
     with torch.inference_mode():
-        encoder.graphs = runner_for(encoder, [Bucket(1, 8), Bucket(8, 8)])
-    encoder.pass_overhead_tokens, encoder.replay_overhead_tokens = 200, 4
-    encoder.graphs.replays = 0
-    embedded = encoder.embed(ids)
-    encoder.graphs, graphs = None, encoder.graphs
+        graphs = runner_for(encoder, [Bucket(1, 8), Bucket(8, 8)])
+    graphs.replays = 0
+    embedded = replaying(encoder, graphs, pass_overhead_tokens=200, replay_overhead_tokens=4).embed(ids)
     assert (embedded.passes, graphs.replays, graphs.eager) == (2, 2, 0)
     torch.testing.assert_close(embedded.vectors, encoder.embed(ids).vectors, atol=1e-5, rtol=1e-4)
 
@@ -160,13 +156,12 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
     FailingCapture.captured = []
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
-        encoder.graphs = runner_for(encoder, buckets, graph_type=FailingCapture)
-    assert encoder.graphs.graphs == {} and encoder.graphs.buckets == []
+        graphs = runner_for(encoder, buckets, graph_type=FailingCapture)
+    assert graphs.graphs == {} and graphs.buckets == []
     assert FailingCapture.captured == [Bucket(8, 32), Bucket(8, 16)]  # largest first, none after 4x32 failed
     assert any("none for this worker: the capture of bucket 4x32 failed" in line and "OutOfMemoryError" in line
                for line in caplog.messages)
-    torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
-    encoder.graphs = None
+    torch.testing.assert_close(replaying(encoder, graphs).embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
 
 
 def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
@@ -176,11 +171,10 @@ def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
     eager = encoder.embed(ids).vectors
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
-        encoder.graphs = runner_for(encoder, buckets, graph_type=FailingWarmUp)
-    assert set(encoder.graphs.graphs) == set(buckets) - {Bucket(8, 32)}  # the rest are captured
+        graphs = runner_for(encoder, buckets, graph_type=FailingWarmUp)
+    assert set(graphs.graphs) == set(buckets) - {Bucket(8, 32)}  # the rest are captured
     assert any("bucket 8x32 runs eagerly" in line and "Error" in line for line in caplog.messages)
-    torch.testing.assert_close(encoder.embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
-    encoder.graphs = None
+    torch.testing.assert_close(replaying(encoder, graphs).embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
 
 
 class CapturedGraph:
@@ -277,8 +271,8 @@ def test_an_invalidated_capture_drops_the_graphs_and_never_empties_the_cache(tin
     device, allocator = torch.device("cuda:0"), Allocator()
     with fake_cuda(graph_type=InvalidatedGraph, allocator=allocator), torch.inference_mode(), \
             caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
-        runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
-                                     device=device, vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
+        runner = GraphRunner.capture(encoder.backend.pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
+                                     device=device, vocab_size=torch_model(encoder).config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
         assert allocator.recording and allocator.emptied == 1  # once, after the warm-ups; never after the capture
         cuda_graphs.release_memory(device)  # what an out-of-memory retry calls later: no assert
@@ -289,8 +283,8 @@ def test_an_invalidated_capture_drops_the_graphs_and_never_empties_the_cache(tin
 def test_a_legal_capture_on_the_same_path_keeps_its_graphs(tiny_model_dir):
     encoder = make_engine(tiny_model_dir).encoder
     with fake_cuda() as sync_modes, torch.inference_mode():
-        runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
-                                     device=torch.device("cuda:0"), vocab_size=encoder.model.config.vocab_size,
+        runner = GraphRunner.capture(encoder.backend.pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
+                                     device=torch.device("cuda:0"), vocab_size=torch_model(encoder).config.vocab_size,
                                      max_bytes=1 << 40, tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
     assert runner.buckets == [Bucket(2, 8), Bucket(4, 8)]
     assert sync_modes == ["error", 0]  # the forward was checked with synchronizations made errors, then restored
@@ -302,12 +296,12 @@ def test_a_forward_that_reads_the_device_gets_no_graphs(tiny_model_dir, caplog):
 
     def reads(ids, mask):
         if mask.sum() > 0:  # a host read, as transformers' `padding_mask.all()` check is
-            return encoder._pooled(ids, mask)
-        return encoder._pooled(ids, mask)
+            return encoder.backend.pooled(ids, mask)
+        return encoder.backend.pooled(ids, mask)
 
     with fake_cuda(), torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
         runner = GraphRunner.capture(reads, [Bucket(2, 8)], pad_id=encoder.pad_id, device=torch.device("cuda:0"),
-                                     vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
+                                     vocab_size=torch_model(encoder).config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
     assert runner.graphs == {}
     assert any("none for this model: its forward pass reads the device from the host (is_nonzero)" in line
@@ -333,9 +327,9 @@ def test_an_eager_padded_pass_reads_nothing_from_the_device(families, family):
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     with torch.inference_mode():
-        assert forward_synchronizes(lambda: encoder._pooled(ids, mask), torch.device("cpu")) is None
-        own = encoder.model(input_ids=ids, attention_mask=mask).last_hidden_state  # the model's own mask
-        torch.testing.assert_close(encoder._torch_transformer(ids, mask), own, atol=0, rtol=0)
+        assert forward_synchronizes(lambda: encoder.backend.pooled(ids, mask), torch.device("cpu")) is None
+        own = torch_model(encoder)(input_ids=ids, attention_mask=mask).last_hidden_state  # the model's own mask
+        torch.testing.assert_close(encoder.backend.transformer(ids, mask), own, atol=0, rtol=0)
 
 
 def test_the_bfloat16_replay_tolerance_refuses_a_two_percent_error_and_passes_padding(tiny_model_dir):
@@ -350,7 +344,7 @@ def test_the_bfloat16_replay_tolerance_refuses_a_two_percent_error_and_passes_pa
     padded_mask[:, 0] = 1
     padded_ids[:3, :12], padded_mask[:3, :12] = ids, mask
     with torch.inference_mode():
-        alone, padded = encoder._pooled(ids, mask), encoder._pooled(padded_ids, padded_mask)[:3]
+        alone, padded = encoder.backend.pooled(ids, mask), encoder.backend.pooled(padded_ids, padded_mask)[:3]
     tolerance = REPLAY_TOLERANCE[torch.bfloat16]
     assert _relative_error(padded, alone) <= tolerance
     strayed = alone + 0.02 * alone.norm(dim=-1, keepdim=True) * torch.nn.functional.normalize(torch.randn_like(alone), dim=-1)
@@ -395,11 +389,10 @@ def test_graphs_that_give_distinct_inputs_one_output_are_dropped(caplog):
 def test_measure_speed_prices_a_replay(tiny_model_dir):
     encoder = make_engine(tiny_model_dir).encoder
     with torch.inference_mode():
-        encoder.graphs = runner_for(encoder, [Bucket(1, 16), Bucket(8, 64)])
+        encoder = replaying(encoder, runner_for(encoder, [Bucket(1, 16), Bucket(8, 64)]))
     speed = encoder.measure_speed()
-    encoder.graphs = None
     assert speed.tokens_per_second > 0 and speed.pass_overhead_tokens >= 1
-    assert 1 <= encoder.replay_overhead_tokens <= encoder.placement.max_batch_tokens
+    assert 1 <= encoder.cost.replay_overhead_tokens <= encoder.placement.max_batch_tokens
 
 
 @contextlib.contextmanager
@@ -428,7 +421,7 @@ def test_the_forward_pass_reads_no_tensor_while_a_stream_captures(families, fami
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     with torch.inference_mode(), pretend_capture():
-        encoder._pooled(ids, mask)
+        encoder.backend.pooled(ids, mask)
 
 
 def test_cuda_graphs_are_ignored_on_a_cpu():
@@ -468,8 +461,8 @@ def test_capture_makes_its_stream_and_pool_on_the_worker_gpu(tiny_model_dir):
     device = torch.device("cuda:1")
     named: list[tuple[str, object]] = []
     with fake_cuda(named, graph_type=CapturedGraph), torch.inference_mode():
-        runner = GraphRunner.capture(encoder._pooled, [Bucket(2, 8)], pad_id=encoder.pad_id, device=device,
-                                     vocab_size=encoder.model.config.vocab_size, max_bytes=1 << 40,
+        runner = GraphRunner.capture(encoder.backend.pooled, [Bucket(2, 8)], pad_id=encoder.pad_id, device=device,
+                                     vocab_size=torch_model(encoder).config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CpuBuffers)
     assert runner.buckets == [Bucket(2, 8)]
     assert named[0] == ("current device", device) and ("new stream", device) in named
@@ -503,7 +496,8 @@ def test_inputs_go_to_the_gpu_through_pinned_memory_without_waiting():
 
 
 def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
-    from handler.encoder import DeviceFailure, Encoder
+    from handler.encoder import Encoder
+    from handler.faults import DeviceFailure
 
     vectors = mock.Mock()
     vectors.device = torch.device("cuda", 0)

@@ -10,6 +10,7 @@ from transformers import AutoModel, AutoTokenizer
 from handler.assembly import warm_up
 from handler.service import RawRequest
 from tests.conftest import make_engine
+from tests.parts import torch_model
 
 TEXTS = [
     "hello world",
@@ -146,7 +147,7 @@ def test_max_length_beyond_position_embeddings_is_refused(tiny_model_dir):
 def test_int8_mode_quantizes_all_but_the_kept_layers(tiny_model_dir):
     keep = ["encoder.layer.0.output.dense"]
     engine = make_engine(tiny_model_dir, dtype="int8", int8_fp32_layers=keep)
-    modules = dict(engine.encoder.model.named_modules())
+    modules = dict(torch_model(engine.encoder).named_modules())
     assert isinstance(modules[keep[0]], torch.nn.Linear)
     assert not isinstance(modules["encoder.layer.1.output.dense"], torch.nn.Linear)  # a dynamic int8 Linear
     got = vectors_of(embed(engine, {"input": TEXTS}))
@@ -256,7 +257,7 @@ def test_packed_passes_fall_back_to_padded_where_unsupported_or_unverified(famil
 
 
 def test_packed_out_of_memory_splits_the_pass(tiny_model_dir, monkeypatch):
-    from handler.encoder import FAULTS_ENV
+    from handler.faults import FAULTS_ENV
 
     reference = make_engine(tiny_model_dir, packed=True)
     ids = reference.preparer.token_ids(TEXTS)

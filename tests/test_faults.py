@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import requests
 
-from handler.encoder import FAULTS_ENV, DeviceFailure, FaultInjection
+from handler.faults import FAULTS_ENV, DeviceFailure, FaultInjection
 from handler.service import RawRequest
 from tests.conftest import REPO, make_engine, serving
 from tests.test_engine import TEXTS
-from tests.test_limits import PoisonedForward
+from tests.parts import poisoned, with_faults
 from tests.test_server import concurrently, predict, vectors
 
 # The tiny model truncates at 48 tokens. Passes over 40 padded tokens "run out of memory": short
@@ -30,8 +30,7 @@ ERROR_TOKEN = 9
 @pytest.fixture()
 def faulty_engine(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=4096)
-    engine.encoder.faults = FaultInjection(oom_above_tokens=OOM_ABOVE, device_error_token=POISON_TOKEN)
-    return engine
+    return with_faults(engine, FaultInjection(oom_above_tokens=OOM_ABOVE, device_error_token=POISON_TOKEN))
 
 
 def answers(engine, bodies, url_path=""):
@@ -67,8 +66,8 @@ def test_only_an_input_that_cannot_fit_alone_fails_with_507(faulty_engine, tiny_
 
 
 def test_an_input_that_cannot_fit_is_not_cached(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, max_batch_tokens=4096, cache_entries=100)
-    engine.encoder.faults = FaultInjection(oom_above_tokens=OOM_ABOVE)
+    engine = with_faults(make_engine(tiny_model_dir, max_batch_tokens=4096, cache_entries=100),
+                         FaultInjection(oom_above_tokens=OOM_ABOVE))
     for _ in range(2):
         [(status, _)], report = answers(engine, [{"input": [LONG, "hello world"]}])
         assert status == 507
@@ -81,8 +80,7 @@ def test_a_device_error_is_raised_as_device_failure(faulty_engine):
 
 
 def test_another_forward_failure_fails_only_the_request_that_causes_it(tiny_model_dir, tiny_engine):
-    engine = make_engine(tiny_model_dir, cache_entries=100)
-    engine.encoder._pooled = PoisonedForward(engine.encoder, token=ERROR_TOKEN)
+    engine = poisoned(make_engine(tiny_model_dir, cache_entries=100), token=ERROR_TOKEN)
     bodies = [{"input": SHORT[:3]}, {"input": ["fine", [5, ERROR_TOKEN, 9]]}, {"input": SHORT[3:]},
               {"input": [[ERROR_TOKEN]]}]
     results, report = answers(engine, bodies)

@@ -16,6 +16,7 @@ from handler.assembly import bound_work
 from handler.service import RawRequest
 from handler.quantize import OUTPUT_DTYPES, quantize
 from tests.conftest import make_engine
+from tests.parts import poisoned
 
 SHORT = ["hello world", "the cat sat on the mat", "one two three", "a", "b c d"]
 
@@ -91,23 +92,9 @@ def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny
     assert report.statuses == {200: 2, 413: 1, 503: 1, 429: 1}
 
 
-class PoisonedForward:
-    """Wraps the encoder's pooled forward pass: a pass holding `token` raises, or gives NaN rows."""
-
-    def __init__(self, encoder, token: int, nan: bool = False):
-        self.forward, self.token, self.nan = encoder._pooled, token, nan
-
-    def __call__(self, ids, mask):
-        out = self.forward(ids, mask)
-        poisoned = (ids == self.token).any(dim=1)
-        if poisoned.any() and not self.nan:
-            raise RuntimeError("a forward failure only some inputs cause")
-        return torch.where(poisoned.unsqueeze(1), torch.full_like(out, float("nan")), out)
-
-
 def test_a_non_finite_vector_is_never_served_nor_cached(tiny_model_dir, tiny_engine):
     engine = make_engine(tiny_model_dir, cache_entries=100)
-    engine.encoder._pooled = PoisonedForward(engine.encoder, token=9, nan=True)
+    engine = poisoned(engine, token=9, nan=True)
     bodies = [{"input": SHORT}, {"input": ["fine", [5, 9]]}]
     for round_ in range(2):
         responses, out, report = answers(engine, bodies)
@@ -151,7 +138,7 @@ def test_an_encoding_failure_fails_its_request_alone(tiny_engine, monkeypatch):
 
 def test_a_failing_forward_pass_is_traced_to_its_request(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
-    engine.encoder._pooled = PoisonedForward(engine.encoder, token=9)
+    engine = poisoned(engine, token=9)
     bodies = [{"input": [s]} for s in SHORT] + [{"input": [[5, 9, 7]]}] + [{"input": s} for s in SHORT]
     responses, _, report = answers(engine, bodies)
     assert [r.status for r in responses] == [200] * 5 + [500] + [200] * 5

@@ -15,6 +15,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from handler.service import RawRequest
 from tests.conftest import make_engine
+from tests.parts import torch_model
 from tests.model_families import FAMILIES
 
 MIN_COSINE = 0.9999
@@ -222,7 +223,7 @@ def test_cache_keys_tell_excluded_prompt_tokens_apart(tiny_model_dir):
 def test_a_pass_builds_no_key_value_cache(family, engines):
     # Decoders (Qwen3) cache every layer's keys and values by default: memory held to the end of
     # the pass for nothing, since an embedding pass never decodes further.
-    model = engines[family].encoder.model
+    model = torch_model(engines[family].encoder)
     ids = torch.randint(5, 60, (2, 9))
     with torch.inference_mode():
         output = model(input_ids=ids, attention_mask=torch.ones_like(ids))

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import archive.onnx_export as onnx_export
-from handler.encoder import resolve_placement
+from handler.placement import resolve_placement
 from handler.service import RawRequest
 from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer, is_out_of_memory, load_session
+from handler.select import choose_engine
 from handler.settings import Settings, SettingsError
 from tests.conftest import PROMPTS, make_engine
 from tests.test_engine import TEXTS
@@ -26,7 +27,7 @@ def embeddings(engine, body):
 
 def test_a_build_export_is_served_by_onnx_runtime_and_matches_torch(onnx_model_dir, tiny_model_dir):
     served = make_engine(onnx_model_dir)
-    assert served.info()["engine"] == "onnxruntime" and served.encoder.model is None
+    assert served.info()["engine"] == "onnxruntime" and isinstance(served.encoder.backend.transformer, OnnxTransformer)
     torch_engine = make_engine(tiny_model_dir)
     assert torch_engine.info()["engine"] == "torch"
     texts = [*TEXTS, "a", "hello " * 60]  # one input over max_length: truncated alike
@@ -51,8 +52,10 @@ def test_onnx_runtime_matches_sentence_transformers(onnx_model_dir):
 
 def test_the_engine_is_chosen_by_device_dtype_and_files(onnx_model_dir, tiny_model_dir, tmp_path):
     def engine(settings, model_dir=onnx_model_dir, cuda=False):
-        return resolve_placement(Settings(**settings), gpu_id=0 if cuda else None, workers=1, cuda_available=cuda,
-                                 model_dir=model_dir).engine
+        settings = Settings(**settings)
+        placement = resolve_placement(settings, gpu_id=0 if cuda else None, workers=1, cuda_available=cuda,
+                                      model_dir=model_dir)
+        return choose_engine(settings, placement, model_dir)[0]
 
     assert engine({}) == "onnxruntime"
     assert engine({}, model_dir=tiny_model_dir) == "torch"  # no export in the archive
@@ -141,6 +144,7 @@ ONNX_OOM_SCRIPT = """
 import json, resource, sys
 import numpy as np
 from tests.conftest import make_engine
+from tests.parts import backed_by
 from handler.service import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
@@ -156,14 +160,15 @@ with open("/proc/self/status") as status:
     used = next(int(line.split()[1]) for line in status if line.startswith("VmSize")) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (used + (48 << 20), resource.RLIM_INFINITY))
 errors = []
-transformer = engine.encoder.transformer
+transformer = engine.encoder.backend.transformer
 def observed(ids, mask):  # records what the real session raises; changes nothing
     try:
         return transformer(ids, mask)
     except Exception as err:
         errors.append(str(err)[:300])
         raise
-engine.encoder.transformer = observed
+padded = engine.encoder.backend  # its twin, on the observed session:
+engine = backed_by(engine, padded.with_transformer(observed))
 responses, report = engine.handle_with_report([RawRequest(body)])
 resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # to read the answer
 got = np.array([d["embedding"] for d in json.loads(responses[0].body)["data"]]) if responses[0].status == 200 else None

@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, BertConfig, BertModel, RobertaConfig, RobertaModel
 
+from handler.backend import PassCost
 from handler.model_files import POOLING_MODES
 from handler.packed import (
-    GROUPED_SDPA, VARLEN_FLASH, PackedPasses, PackedTransformer, attention_kernel, length_groups, pack,
+    GROUPED_SDPA, VARLEN_FLASH, PackedBackend, PackedTransformer, attention_kernel, length_groups, pack,
     packed_support, pool_packed,
 )
 from handler.pooling import POOLED, PROMPT, pool
@@ -233,20 +234,21 @@ def test_pack():
         pack([[1], []])
 
 
-def test_passes_are_planned_by_real_tokens_longest_first():
-    passes = PackedPasses(None, ("mean",), None, max_batch_tokens=100, max_batch_size=4)
+def test_passes_are_planned_by_real_tokens_longest_first(models):
+    passes = PackedBackend(PackedTransformer(models["bert_dense"]), ("mean",), None)
+    cost = PassCost(max_batch_tokens=100, max_batch_size=4, pass_overhead_tokens=32, replay_overhead_tokens=32)
     lengths = [30, 150, 20, 60, 5, 5, 5, 5, 5, 40]
-    plan = passes.plan(lengths)
+    plan = passes.plan(lengths, cost)
     assert sorted(i for p in plan for i in p) == list(range(len(lengths)))
     assert [[lengths[i] for i in p] for p in plan] == [[150], [60, 40], [30, 20, 5, 5], [5, 5, 5]]
-    assert passes.plan([]) == []
+    assert passes.plan([], cost) == []
 
 
 def test_passes_run_pooling_and_head_as_the_padded_path(models):
     model = models["xlmr"]
     torch.manual_seed(0)
     head = torch.nn.Linear(model.config.hidden_size * 2, 8)  # after two pooling modes
-    passes = PackedPasses(PackedTransformer(model), ("mean", "cls"), head, max_batch_tokens=64, max_batch_size=8)
+    passes = PackedBackend(PackedTransformer(model), ("mean", "cls"), head)
     rows = random_rows(model, [3, 40, 9, 1])
     unpooled = [1, 4, 0, 0]
     inputs = passes.prepare(rows, unpooled)

@@ -18,12 +18,14 @@ import torch
 from transformers import AutoModel
 
 from handler.model_files import POOLING_MODES
-from handler.packed import PackedInputs, PackedPasses, PackedTransformer, pack
+from handler.packed import PackedBackend, PackedInputs, PackedTransformer, pack
+from handler.select import with_graphs
 from handler.packed_graphs import (
     RESOLUTION, TOKEN_STEP, GraphShape, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, packed_ladder,
     slot_tiers, token_ladder,
 )
 from tests.conftest import make_engine
+from tests.parts import on_backend, parts_of, torch_model
 from tests.test_cuda_graphs import BYTES_PER_TOKEN, EagerReplay
 from tests.test_packed import random_rows
 from tests.test_engine import TEXTS
@@ -60,13 +62,12 @@ def models(families):
     return {family: AutoModel.from_pretrained(families[family]).eval() for family in ("bert_dense", "xlmr")}
 
 
-def passes_for(model, modes=("mean",), max_batch_tokens=256, max_batch_size=16):
-    return PackedPasses(PackedTransformer(model), modes, None, max_batch_tokens=max_batch_tokens,
-                        max_batch_size=max_batch_size)
+def passes_for(model, modes=("mean",)):
+    return PackedBackend(PackedTransformer(model), modes, None)
 
 
-def capture(passes, sizes, *, max_len=64, graph_type=EagerStandIn, **kwargs):
-    settings = dict(max_inputs=passes.max_batch_size, max_len=max_len, pad_id=1, vocab_size=100,
+def capture(passes, sizes, *, max_len=64, max_inputs=16, graph_type=EagerStandIn, **kwargs):
+    settings = dict(max_inputs=max_inputs, max_len=max_len, pad_id=1, vocab_size=100,
                     device=torch.device("cpu"), max_bytes=1 << 40, tolerance=1e-4, graph_type=graph_type)
     with torch.inference_mode():
         return PackedGraphRunner.capture(passes.run_eager, sizes, **{**settings, **kwargs})
@@ -148,9 +149,9 @@ def test_a_pass_replays_in_the_cheapest_graph_that_holds_it():
 
 def test_replays_in_input_tiers_equal_the_unpadded_pass(models):
     model = models["bert_dense"]
-    passes = passes_for(model, max_batch_size=80)
+    passes = passes_for(model)
     sizes = token_ladder(256)
-    runner = capture(passes, sizes, max_len=64)
+    runner = capture(passes, sizes, max_len=64, max_inputs=80)
     shapes = packed_ladder(sizes, 80, 64)
     assert {GraphShape(g.tokens, g.inputs, g.max_len, g.spare) for g in runner.ladder} == set(shapes)  # all checked
     for seed, lengths in enumerate([[3] * 20, [2] * 40, [1] * 80, [64, 64, 1, 1], [5] * 33]):
@@ -215,8 +216,8 @@ def test_a_graph_holds_what_fits_its_tokens_inputs_length_and_padding_slots(mode
 
 def test_passes_no_graph_holds_run_eagerly_and_count_their_own_tokens(models):
     model = models["bert_dense"]
-    passes = passes_for(model, max_batch_tokens=512)
-    passes.graphs = capture(passes, [16, 32, 48])
+    passes = passes_for(model)
+    passes = passes.with_graphs(capture(passes, [16, 32, 48]))
     small = passes.prepare(random_rows(model, [20, 7]), None)
     large = passes.prepare(random_rows(model, [40, 30]), None)
     with torch.inference_mode():
@@ -241,7 +242,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(models, caplog, monkeypatch
     passes = passes_for(model)
     FailingCapture.captured = []
     with caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
-        passes.graphs = capture(passes, [16, 32, 48, 64], graph_type=FailingCapture)
+        passes = passes.with_graphs(capture(passes, [16, 32, 48, 64], graph_type=FailingCapture))
     assert passes.graphs.graphs == {} and passes.graphs.ladder == []
     assert FailingCapture.captured == [TokenBucket(64, 16)]  # largest first, none after 48 failed
     assert any("the capture of bucket 48 tokens x 16 inputs failed" in line and "RuntimeError" in line
@@ -273,7 +274,7 @@ def test_graphs_that_give_distinct_inputs_one_output_are_dropped(caplog):
 
 
 def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, monkeypatch):
-    # The encoder's own capture, as on a GPU whose packed attention is varlen flash, but with the
+    # The selection's own capture, as on a GPU whose packed attention is varlen flash, but with the
     # grouped SDPA (the CPU's kernel) standing in for flash and the stand-in graphs.
     engine = make_engine(tiny_model_dir, packed=True, max_batch_tokens=256, max_batch_size=16)
     encoder = engine.encoder
@@ -283,32 +284,34 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     real_capture = PackedGraphRunner.capture
     monkeypatch.setattr(PackedGraphRunner, "capture", classmethod(
         lambda cls, *args, **kwargs: real_capture(*args, **kwargs, graph_type=EagerStandIn)))
-    monkeypatch.setattr("handler.encoder.VARLEN_FLASH", encoder.passes.transformer.attention_kernel)
-    encoder.placement = dataclasses.replace(encoder.placement, cuda_graphs=True, cuda_graph_max_bytes=1 << 40)
+    monkeypatch.setattr("handler.select.VARLEN_FLASH", encoder.backend.transformer.attention_kernel)
+    placement = dataclasses.replace(encoder.placement, cuda_graphs=True, cuda_graph_max_bytes=1 << 40)
     with torch.inference_mode():
-        encoder._capture_graphs()
-    assert engine.info()["cuda_graphs"] == len(token_ladder(256))  # 16 inputs of 48 tokens hold 256
+        backend, reason = with_graphs(encoder.backend, torch_model(encoder), placement, parts_of(engine))
+    encoder = on_backend(encoder, backend)
+    assert encoder.describe()["cuda_graphs"] == len(token_ladder(256)) and reason.startswith("captured")
     # The engine's max_length (the tiny model's max_seq_length), not the 64 positions.
-    graphs = encoder.passes.graphs.ladder
-    assert graphs[-1].max_len == engine.preparer.max_length == encoder.max_length == 48 < encoder.max_positions
+    graphs = backend.graphs.ladder
+    assert graphs[-1].max_len == engine.preparer.max_length == 48 < encoder.max_positions
     assert all(graph.max_len == min(48, graph.tokens) for graph in graphs)
     replayed = encoder.embed(ids)
     torch.testing.assert_close(replayed.vectors, eager.vectors, atol=1e-5, rtol=1e-4)
-    assert encoder.passes.graphs.replays == replayed.passes and encoder.passes.graphs.eager == 0
+    assert backend.graphs.replays == replayed.passes and backend.graphs.eager == 0
     assert eager.padded_tokens == eager.real_tokens < replayed.padded_tokens  # each pass counts its graph's size
-    sizes = [bucket.tokens for bucket in encoder.passes.graphs.graphs]
+    sizes = [bucket.tokens for bucket in backend.graphs.graphs]
     assert replayed.padded_tokens <= eager.real_tokens + replayed.passes * TOKEN_STEP
     assert set(sizes) == set(token_ladder(256))
 
 
 def test_packed_graphs_need_the_flash_kernel(tiny_model_dir, caplog):
     # On a CPU the packed passes' attention is the grouped SDPA, which reads its offsets on the
-    # host: a capture would refuse it, so the encoder does not try.
-    encoder = make_engine(tiny_model_dir, packed=True).encoder
-    encoder.placement = dataclasses.replace(encoder.placement, cuda_graphs=True)
-    with caplog.at_level(logging.WARNING, logger="handler.encoder"):
-        encoder._capture_graphs()
-    assert encoder.passes.graphs is None
+    # host: a capture would refuse it, so the selection does not try.
+    engine = make_engine(tiny_model_dir, packed=True)
+    encoder = engine.encoder
+    placement = dataclasses.replace(encoder.placement, cuda_graphs=True)
+    with caplog.at_level(logging.WARNING, logger="handler.select"):
+        backend, reason = with_graphs(encoder.backend, torch_model(encoder), placement, parts_of(engine))
+    assert backend is encoder.backend and backend.graphs is None and "grouped_sdpa" in reason
     assert any("need the varlen_flash attention kernel" in line and "grouped_sdpa" in line
                for line in caplog.messages)
 

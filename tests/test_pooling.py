@@ -84,16 +84,15 @@ def test_l2_normalize_gives_unit_rows():
 
 
 def test_pad_right_pads_to_the_multiple_and_marks_the_prompt():
-    from types import SimpleNamespace
+    from handler.padded import PaddedBackend
 
-    from handler.encoder import Encoder
-
-    encoder = SimpleNamespace(pad_id=3, placement=SimpleNamespace(pad_multiple=4, device=torch.device("cpu")))
-    ids, mask = Encoder._pad(encoder, [[7, 8, 9, 10, 11], (5,), [6, 6]], [2, 4, 0])
+    backend = PaddedBackend(None, modes=("mean",), head=None, pad_id=3, pad_multiple=4, device=torch.device("cpu"),
+                            facts={})
+    ids, mask = backend.prepare([[7, 8, 9, 10, 11], (5,), [6, 6]], [2, 4, 0])
     assert ids.dtype == mask.dtype == torch.long
     assert ids.tolist() == [[7, 8, 9, 10, 11, 3, 3, 3], [5, 3, 3, 3, 3, 3, 3, 3], [6, 6, 3, 3, 3, 3, 3, 3]]
     assert mask.tolist() == [[PROMPT, PROMPT, POOLED, POOLED, POOLED, 0, 0, 0],
                              [PROMPT, 0, 0, 0, 0, 0, 0, 0],  # a prompt longer than its row marks the row only
                              [POOLED, POOLED, 0, 0, 0, 0, 0, 0]]
-    _, plain = Encoder._pad(encoder, [[7, 8], [5]], None)
+    _, plain = backend.prepare([[7, 8], [5]], None)
     assert plain.tolist() == [[POOLED, POOLED, 0, 0], [POOLED, 0, 0, 0]]
