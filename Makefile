@@ -28,7 +28,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" test
 	@touch $@
 
-$(MAR): $(VENV)/.installed $(wildcard handler/*.py) $(wildcard archive/*.py) archive/model-config.yaml
+$(MAR): $(VENV)/.installed $(shell find embedserve -name '*.py') embedserve/archive/model-config.yaml
 	./build_mar.sh
 
 $(VENV)/.installed-bench: $(VENV)/.installed
@@ -47,7 +47,7 @@ gpu-travel: $(VENV)/.installed
 
 loadtest: $(VENV)/.installed-bench $(MAR)
 	@bash scripts/require_java.sh
-	$(PY) -m scripts.loadtest $(LOADTEST_ARGS)
+	$(PY) -m embedserve.scripts.loadtest $(LOADTEST_ARGS)
 
 soak: $(VENV)/.installed-bench
 	@bash scripts/require_java.sh
@@ -59,10 +59,10 @@ mar: $(VENV)/.installed
 
 serve: $(VENV)/.installed $(MAR)
 	@bash scripts/require_java.sh
-	@$(PY) -m scripts.serverctl start
+	@$(PY) -m embedserve.scripts.serverctl start
 
 stop:
-	@if [[ -x $(PY) ]]; then $(PY) -m scripts.serverctl stop; else echo "nothing to stop"; fi
+	@if [[ -x $(PY) ]]; then $(PY) -m embedserve.scripts.serverctl stop; else echo "nothing to stop"; fi
 
 test: $(VENV)/.installed-test
 	@bash scripts/require_java.sh

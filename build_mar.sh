@@ -10,4 +10,4 @@ if [[ -z "$python" ]]; then
   if [[ -x "$repo/.venv/bin/python" ]]; then python="$repo/.venv/bin/python"; else python="python3"; fi
 fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" -m archive.build "$@"
+exec "$python" -m embedserve.archive.build "$@"

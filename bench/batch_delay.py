@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from archive.build import main as build_main
-from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
-from archive.default_model import fetch_default_model
-from archive.ts_config import read_properties
+from embedserve.archive.build import main as build_main
+from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
+from embedserve.archive.default_model import fetch_default_model
+from embedserve.archive.ts_config import read_properties
 from bench.load import run_load, warm_up
-from scripts.serverctl import TorchServe, isolated_config
+from embedserve.scripts.serverctl import TorchServe, isolated_config
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = (1, 4, 16, 64)

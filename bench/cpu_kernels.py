@@ -1,10 +1,10 @@
 """The default model's forward pass on CPU, engine by engine, in one run: what chose the CPU
-engine (handler/onnx_runtime.py).
+engine (embedserve/handler/backends/onnx_runtime.py).
 
 For each engine: the median time of a pass at a few (batch, length) shapes, and the cosine of
 the served vectors (pooled, normalized) to sentence-transformers on the given texts. Engines:
 PyTorch eager and torch.compile in float32, ONNX Runtime on the build's export, and the two
-calibrated dynamic int8 quantizations `--dtype int8` may build (archive/int8_calibration.py):
+calibrated dynamic int8 quantizations `--dtype int8` may build (embedserve/archive/int8_calibration.py):
 ONNX Runtime's of the same export, which the build ships, and PyTorch's (`--set engine=torch`).
 """
 
@@ -19,11 +19,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from archive.int8_calibration import Calibration, calibrate_onnx
-from archive.onnx_export import export_onnx
+from embedserve.archive.int8_calibration import Calibration, calibrate_onnx
+from embedserve.archive.onnx_export import export_onnx
 from bench.inprocess import bench_engine, cosine_stats, load_engine
-from handler.model_files import describe_model
-from handler.padded import PaddedInputs
+from embedserve.handler.backends.padded import PaddedInputs
+from embedserve.handler.model.files import describe_model
 
 SHAPES = ((1, 16), (1, 64), (1, 256), (16, 64))
 

@@ -9,7 +9,7 @@ Writes DIR/gpu.json and DIR/gpu.png (docs/gpu.md says how to run it on a GPU mac
    attention;
 2. correctness against an fp32 reference embedded one text at a time (no padding), on the mixed
    corpus in TorchServe-sized batches: fp16 eager, fp16 with CUDA graphs, bf16 eager and fp16
-   packed passes (handler/packed.py), eager and with CUDA graphs over total tokens; then
+   packed passes (embedserve/handler/backends/packed.py), eager and with CUDA graphs over total tokens; then
    adversarial cases for graph replay (one row in a large bucket, lengths 2 and 256 in one pass,
    small-large-small replays, distinct inputs);
 3. batch-1 latency at 16, 64 and 128 tokens, eager and graphs (CUDA events and wall clock);
@@ -50,12 +50,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from archive.corpus import load_tokenizer, mixed_corpus, text_of_length, vocabulary_words
+from embedserve.archive.corpus import load_tokenizer, mixed_corpus, text_of_length, vocabulary_words
 from bench.inprocess import flops_per_token, matmul_gflops
-from handler.assembly import assemble
-from handler.placement import available_cpus
-from handler.service import EmbeddingService, RawRequest
-from handler.settings import Settings
+from embedserve.handler.assembly import assemble
+from embedserve.handler.execution.placement import available_cpus
+from embedserve.handler.service import EmbeddingService, RawRequest
+from embedserve.handler.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 LATENCY_TOKENS = (16, 64, 128)
@@ -75,7 +75,7 @@ PEAK_TFLOPS = (
     ("h100", 989.4, "H100 SXM"),
 )
 # Graphs against the same passes run eagerly: the cosine, blind to a change of length, and the
-# largest distance between two rows relative to the eager row's length (handler/cuda_graphs.py's
+# largest distance between two rows relative to the eager row's length (embedserve/handler/backends/cuda_graphs.py's
 # measure), which a 3% replay error fails whatever its direction.
 GRAPHS_MIN_COSINE = 0.9999
 GRAPHS_MAX_REL_ERROR = 0.01
@@ -170,7 +170,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     # The modes checked for correctness: (dtype, CUDA graphs).
     modes = [("float16", False), ("float16", True), ("bfloat16", False)] if cuda else \
         [("float32", False), ("bfloat16", False)]
-    # Packed passes (handler/packed.py), eager; on CUDA also replayed from graphs over total tokens.
+    # Packed passes (embedserve/handler/backends/packed.py), eager; on CUDA also replayed from graphs over total tokens.
     packed_names = [f"{primary_dtype}_packed"] + ([f"{primary_dtype}_packed_graphs"] if cuda else [])
     models = pick_models(scratch, model, cuda)
     results: dict = {
@@ -339,7 +339,7 @@ def pick_models(scratch: Path, model: Path | None, cuda: bool) -> dict[str, tupl
 
 
 def _default_model() -> Path:
-    from archive.default_model import fetch_default_model
+    from embedserve.archive.default_model import fetch_default_model
 
     return fetch_default_model()
 
@@ -932,7 +932,7 @@ def _sync(device: str) -> None:
 
 class PeakMemory:
     """The most device memory allocated at once within a window (an engine's start-up, a model's
-    whole run). torch keeps one peak counter, and handler/cuda_graphs.py resets it before each
+    whole run). torch keeps one peak counter, and embedserve/handler/backends/cuda_graphs.py resets it before each
     bucket's warm-up to size that bucket: read at a window's end, the counter would hold only what
     followed the last reset. While active, every reset first folds the counter into each open
     window, so a window's peak is the largest over its stretches between resets.

@@ -10,7 +10,7 @@ so a step that dies or hangs still leaves the others' rows:
   attention does, and any `.item()`): does the pass raise, does `capture_end`, does a later
   `empty_cache`, does a second, legal capture into the same pool then work, and one into a new
   pool, and eager work after all that?
-- `handler`: handler/cuda_graphs.py's `capture_checked` on three buckets, the smallest or the
+- `handler`: embedserve/handler/backends/cuda_graphs.py's `capture_checked` on three buckets, the smallest or the
   largest of which invalidates its capture: what is kept, the handler's warnings, and whether
   eager passes still work afterwards.
 - `sync_check`: `forward_synchronizes` on a pass that reads the device from the host and on one
@@ -70,7 +70,7 @@ def _step_raw(device: torch.device) -> dict:
 def _step_handler(device: torch.device) -> dict:
     import logging
 
-    from handler.cuda_graphs import Bucket, StaticPass, capture_checked
+    from embedserve.handler.backends.cuda_graphs import Bucket, StaticPass, capture_checked
 
     weight = torch.randn(32, 32, device=device)
 
@@ -105,14 +105,14 @@ def _step_handler(device: torch.device) -> dict:
     for case, poisoned in (("smallest_poisoned", 4), ("largest_poisoned", 16)):
         graphs = [Probe(Bucket(batch, 1), poisoned=batch == poisoned) for batch in (4, 8, 16)]
         collect = Collect()
-        logging.getLogger("handler").addHandler(collect)
+        logging.getLogger("embedserve.handler").addHandler(collect)
         try:
             kept = capture_checked(graphs, device, 2**30, random_pass, 1e-2)
             row[case] = {"kept": sorted(map(str, kept)), "warnings": collect.lines}
         except Exception as err:
             row[case] = {"raised": _name(err), "warnings": collect.lines}
         finally:
-            logging.getLogger("handler").removeHandler(collect)
+            logging.getLogger("embedserve.handler").removeHandler(collect)
         row[case]["eager_after"] = _outcome(lambda: bool(torch.isfinite(graphs[0].compute()).all().item()))
     row["expected"] = "kept [] in both cases, each with a warning saying why, and eager_after true"
     return row
@@ -120,9 +120,9 @@ def _step_handler(device: torch.device) -> dict:
 
 def _step_sync_check(device: torch.device) -> dict:
     try:
-        from handler.cuda_graphs import forward_synchronizes
+        from embedserve.handler.backends.cuda_graphs import forward_synchronizes
     except ImportError as err:
-        return {"skipped": f"handler.cuda_graphs has no forward_synchronizes ({err})"}
+        return {"skipped": f"embedserve.handler.backends.cuda_graphs has no forward_synchronizes ({err})"}
     x = torch.randn(8, device=device)
     return {"reading_pass": _outcome(lambda: forward_synchronizes(lambda: x + float(x.sum()), device)),
             "quiet_pass": _outcome(lambda: forward_synchronizes(lambda: x * 2, device)),

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from bench.gpu import GRAPHS_MAX_REL_ERROR, compare
-from handler.assembly import assemble
-from handler.service import EmbeddingService
-from handler.settings import Settings
+from embedserve.handler.assembly import assemble
+from embedserve.handler.service import EmbeddingService
+from embedserve.handler.settings import Settings
 from tests.model_families import FAMILIES, corpus, make_family
 
 CUDA_MODES = {  # name -> settings
@@ -148,7 +148,7 @@ class _Collect(logging.Handler):
 def _engine(model_dir: Path, device: str, *, unpadded: bool = False, **settings) -> tuple[EmbeddingService, list]:
     config = Settings.from_mapping({"device": device, "engine": "torch", **settings})
     unpad = (lambda placement: replace(placement, pad_multiple=1)) if unpadded else None  # the reference: no padding
-    collect, logger = _Collect(), logging.getLogger("handler")
+    collect, logger = _Collect(), logging.getLogger("embedserve.handler")
     logger.addHandler(collect)
     try:
         engine = assemble(model_dir, config, model_name="family", cuda_available=torch.cuda.is_available(), warm=True,

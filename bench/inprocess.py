@@ -10,10 +10,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from handler.assembly import assemble
-from handler.pooling import l2_normalize
-from handler.service import EmbeddingService
-from handler.settings import Settings
+from embedserve.handler.assembly import assemble
+from embedserve.handler.model.pooling import l2_normalize
+from embedserve.handler.service import EmbeddingService
+from embedserve.handler.settings import Settings
 
 
 def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingService:

@@ -3,8 +3,8 @@
     python -m locust -f bench/locustfile.py --headless --host http://127.0.0.1:8080 \\
         --users 16 --spawn-rate 4 --run-time 60s --model minilm --key-file key_file.json
 
-`python -m scripts.loadtest` (what `make loadtest` runs) starts the server when needed and passes
-all of this. Texts come from the long-tailed mixed corpus of archive/corpus.py (4-256 tokens,
+`python -m embedserve.scripts.loadtest` (what `make loadtest` runs) starts the server when needed and passes
+all of this. Texts come from the long-tailed mixed corpus of embedserve/archive/corpus.py (4-256 tokens,
 median about 40); most requests carry one text, the others a handful. Every answer is checked:
 HTTP 200, one embedding per text, each of the model's dimension (read once per user from
 /info). Anything else is a failure in Locust's statistics, with the reason.
@@ -35,8 +35,8 @@ from locust import FastHttpUser, events, task
 from locust.exception import StopUser
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from archive.corpus import mixed_corpus
-from archive.default_model import fetch_default_model
+from embedserve.archive.corpus import mixed_corpus
+from embedserve.archive.default_model import fetch_default_model
 
 DEFAULT_RUN_TIME_S = 60
 CORPUS_SIZE = 1024

@@ -3,7 +3,7 @@
     python -m bench.packed [--texts 256] [--rounds 4] [--out bench/results/packed.json]
     python -m bench.packed --end-to-end   # packed and default builds through TorchServe, in turns
 
-1. Attention kernels for a packed pass (handler/packed.py), on the model's attention shape (12
+1. Attention kernels for a packed pass (embedserve/handler/backends/packed.py), on the model's attention shape (12
    heads of 32) and random q, k, v: one SDPA call per input, SDPA over jagged nested tensors,
    one padded SDPA over the pass, a block-diagonal mask over the pass, the length-grouped padded
    SDPA, and torch.nn.attention.varlen (flash attention, CUDA only). Each is checked against the
@@ -36,14 +36,14 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 
-from archive.corpus import load_tokenizer, mixed_corpus
-from archive.default_model import MODEL_ID, fetch_default_model
+from embedserve.archive.corpus import load_tokenizer, mixed_corpus
+from embedserve.archive.default_model import MODEL_ID, fetch_default_model
 from bench.cpu_kernels import exported_copy
 from bench.inprocess import cosine_stats, load_engine
-from handler.batching import plan_packed
-from handler.packed import GROUPED_SDPA, grouped_attention, length_groups, pack
-from handler.pooling import l2_normalize
-from handler.service import EmbeddingService
+from embedserve.handler.model.packed_forward import GROUPED_SDPA, grouped_attention, length_groups, pack
+from embedserve.handler.model.pooling import l2_normalize
+from embedserve.handler.scheduling.planner import plan_packed
+from embedserve.handler.service import EmbeddingService
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = 2

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import aiohttp
 
-from archive.corpus import mixed_corpus
+from embedserve.archive.corpus import mixed_corpus
 from bench.soak import build_isolated, embed_one
-from scripts.serverctl import TorchServe
+from embedserve.scripts.serverctl import TorchServe
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = 4
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.model == "minilm":
-        from archive.default_model import fetch_default_model
+        from embedserve.archive.default_model import fetch_default_model
 
         name, build_args, tokenizer_file = "minilm", [], fetch_default_model() / "tokenizer.json"
     else:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from archive.build import main as build_main
-from archive.ts_config import read_properties, register_model
+from embedserve.archive.build import main as build_main
+from embedserve.archive.ts_config import read_properties, register_model
 from bench.load import WARMUP_SECONDS, run_load, warm_up
-from scripts.serverctl import TorchServe, isolated_config
+from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.tiny_model import WORDS, make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent

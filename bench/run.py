@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from archive.build import main as build_main
-from archive.default_model import fetch_default_model
-from archive.int8_calibration import calibrate
-from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
+from embedserve.archive.build import main as build_main
+from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
+from embedserve.archive.default_model import fetch_default_model
+from embedserve.archive.int8_calibration import calibrate
 from bench import batch_delay, packed, request_path
 from bench.cpu_kernels import compare_engines, exported_copy, int8_copy
 from bench.inprocess import (
@@ -46,7 +46,7 @@ from bench.inprocess import (
     matmul_gflops,
 )
 from bench.load import WARMUP_SECONDS, run_load, warm_up
-from scripts.serverctl import TorchServe, isolated_config
+from embedserve.scripts.serverctl import TorchServe, isolated_config
 
 REPO = Path(__file__).resolve().parent.parent
 CONCURRENCIES = (1, 4, 16, 64)

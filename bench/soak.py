@@ -34,11 +34,11 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from archive.build import main as build_main
-from archive.corpus import load_tokenizer, mixed_corpus
-from archive.ts_config import update_properties
+from embedserve.archive.build import main as build_main
+from embedserve.archive.corpus import load_tokenizer, mixed_corpus
+from embedserve.archive.ts_config import update_properties
 from bench.load import run_load
-from scripts.serverctl import ServerError, TorchServe, isolated_config
+from embedserve.scripts.serverctl import ServerError, TorchServe, isolated_config
 
 REPO = Path(__file__).resolve().parent.parent
 CAPACITY_CLIENTS = 32  # enough to keep every batch full: the throughput the server can give
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--minutes must cover the warm-up and two windows")
 
     if args.model == "minilm":
-        from archive.default_model import fetch_default_model
+        from embedserve.archive.default_model import fetch_default_model
 
         name, build_args, tokenizer_file = "minilm", [], fetch_default_model() / "tokenizer.json"
     else:

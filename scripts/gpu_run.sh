@@ -104,7 +104,7 @@ if cuda:
           f"{p.multi_processor_count} SMs; cuDNN {torch.backends.cudnn.version()}")
 else:
     print("CPU mode:", "CUDA not asked for" if sys.argv[1] == "cpu" else "no CUDA device")
-import handler.assembly  # the handler's own imports (orjson among them)
+import embedserve.handler.assembly  # the handler's own imports (orjson among them)
 print("handler imports: ok")
 EOF
     local rc=$?

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from archive.build import main as build_main
-from archive.onnx_export import export_onnx
-from archive.ts_config import update_properties
-from handler.assembly import assemble
-from handler.service import EmbeddingService
-from handler.settings import Settings
-from scripts.serverctl import TorchServe, isolated_config
+from embedserve.archive.build import main as build_main
+from embedserve.archive.onnx_export import export_onnx
+from embedserve.archive.ts_config import update_properties
+from embedserve.handler.assembly import assemble
+from embedserve.handler.service import EmbeddingService
+from embedserve.handler.settings import Settings
+from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.model_families import FAMILIES, make_family
 from tests.tiny_model import make_tiny_model
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import torch
 
-from handler.backend import Backend
-from handler.encoder import Encoder
-from handler.faults import FaultInjectingBackend, FaultInjection
-from handler.select import ModelParts
+from embedserve.handler.backends.base import Backend
+from embedserve.handler.execution.encoder import Encoder
+from embedserve.handler.execution.faults import FaultInjectingBackend, FaultInjection
+from embedserve.handler.execution.select import ModelParts
 
 
 def on_backend(encoder: Encoder, backend: Backend, *, placement=None, lending=None, **cost) -> Encoder:

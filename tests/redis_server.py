@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from scripts.serverctl import free_port
+from embedserve.scripts.serverctl import free_port
 
 
 class RedisServer:

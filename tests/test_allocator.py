@@ -6,7 +6,7 @@ import sys
 
 from tests.conftest import REPO
 
-PIN = "from handler.allocator import pin_mmap_threshold; print(pin_mmap_threshold())"
+PIN = "from embedserve.handler.worker.allocator import pin_mmap_threshold; print(pin_mmap_threshold())"
 
 
 def run(env):
@@ -25,7 +25,7 @@ def test_an_operator_setting_wins():
 
 RELEASE = """
 import ctypes, time
-from handler.allocator import FreedMemory
+from embedserve.handler.worker.allocator import FreedMemory
 
 def rss_mib():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) // 1024

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from handler.service import RawRequest
-from handler.quantize import quantize
+from embedserve.handler.api.quantize import quantize
+from embedserve.handler.service import RawRequest
 from tests.conftest import PROMPTS, make_engine
 from tests.test_engine import TEXTS, float64_reference
 from tests.tiny_model import make_tiny_model

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from handler.batching import BucketTable, Replay, flatten, padded_length, plan_packed, plan_sub_batches
+from embedserve.handler.scheduling.planner import BucketTable, Replay, flatten, padded_length, plan_packed, plan_sub_batches
 
 
 def test_flatten_keeps_spans_back_to_each_group():
@@ -121,7 +121,7 @@ def test_negative_pass_overhead_is_refused():
         plan_sub_batches([1, 2], 100, 8, pass_overhead_tokens=-1)
 
 
-# Passes a device replays in CUDA graph buckets (handler/cuda_graphs.py): the planner prices each
+# Passes a device replays in CUDA graph buckets (embedserve/handler/backends/cuda_graphs.py): the planner prices each
 # pass at the bucket it would replay in.
 
 LADDER = [(b, n) for b in (1, 2, 4, 8, 16, 32, 64) for n in (16, 32, 64, 128, 256, 512) if b * n <= 16384]

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
+from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from bench.load import run_load
 
 

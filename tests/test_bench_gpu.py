@@ -182,7 +182,7 @@ def test_peak_memory_survives_the_resets_of_graph_warm_ups():
         engine = memory.open()
         allocator.alloc(30)
         allocator.alloc(-20)
-        allocator.reset_peak_memory_stats(0)  # a bucket's warm-up, as handler/cuda_graphs.py calls it
+        allocator.reset_peak_memory_stats(0)  # a bucket's warm-up, as embedserve/handler/backends/cuda_graphs.py calls it
         allocator.alloc(5)
         assert allocator.max_memory_allocated() == 15  # what a plain read at the end would report
         assert memory.close(engine) == 30
@@ -199,7 +199,7 @@ def test_peak_memory_catches_the_resets_the_handler_makes():
 
     import torch
 
-    from handler.cuda_graphs import StaticPass
+    from embedserve.handler.backends.cuda_graphs import StaticPass
 
     assert "torch.cuda.reset_peak_memory_stats(" in inspect.getsource(StaticPass.warm_up)
     original = torch.cuda.reset_peak_memory_stats

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 import yaml
 
-from archive.build import main as build_main
-from archive.build import pickled_members
-from archive.default_model import SHA256, _mismatches
-from archive.ts_config import read_properties
-from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE
+from embedserve.archive.build import main as build_main
+from embedserve.archive.build import pickled_members
+from embedserve.archive.default_model import SHA256, _mismatches
+from embedserve.archive.ts_config import read_properties
+from embedserve.handler.backends.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE
 from tests.conftest import REPO, make_engine
 from tests.test_engine import TEXTS
 from tests.tiny_model import make_tiny_model
@@ -44,7 +44,7 @@ def test_tiny_mar_contents_and_config(tiny_model_dir, config):
         names = set(archive.namelist())
         model_config = yaml.safe_load(archive.read("model-config.yaml"))
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    assert {"ts_handler.py", "handler/service.py", "handler/ts_handler.py", "model/model.safetensors",
+    assert {"ts_handler.py", "embedserve/handler/service.py", "embedserve/handler/ts_handler.py", "model/model.safetensors",
             "model/tokenizer.json", "model/config.json", "model/modules.json", "model/1_Pooling/config.json"} <= names
     assert not any("__pycache__" in n for n in names)
     assert manifest["model"]["handler"] == "ts_handler.py"
@@ -99,7 +99,7 @@ def test_pickled_weights_are_converted_to_safetensors(tmp_path, config):
 
 
 def _raw(body):
-    from handler.service import RawRequest
+    from embedserve.handler.service import RawRequest
 
     return RawRequest(body)
 
@@ -245,10 +245,10 @@ def test_unsupported_pipeline_module_fails_the_build_naming_it(tmp_path, config,
 
 
 def test_vectors_that_differ_from_sentence_transformers_fail_the_build(tiny_model_dir, config, capsys, monkeypatch):
-    import archive.smoke
+    import embedserve.archive.smoke
 
-    served = archive.smoke._served
-    monkeypatch.setattr(archive.smoke, "_served", lambda engine, body: served(engine, body)[:, ::-1].copy())
+    served = embedserve.archive.smoke._served
+    monkeypatch.setattr(embedserve.archive.smoke, "_served", lambda engine, body: served(engine, body)[:, ::-1].copy())
     assert run_build(config, "--model", str(tiny_model_dir), "--name", "wrong") == 1
     assert "differ from sentence-transformers" in capsys.readouterr().err
     assert not (config.parent / "store" / "wrong.mar").exists()

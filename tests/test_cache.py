@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from handler.cache import ENTRY_OVERHEAD_BYTES, REDIS_URL_ENV, MemoryCache
-from handler.service import RawRequest
-from handler.metrics import COUNTER_FLUSH_S
-from handler.settings import SettingsError
+from embedserve.handler.scheduling.cache import ENTRY_OVERHEAD_BYTES, REDIS_URL_ENV, MemoryCache
+from embedserve.handler.service import RawRequest
+from embedserve.handler.settings import SettingsError
+from embedserve.handler.worker.metrics import COUNTER_FLUSH_S
 from tests.conftest import build, make_engine, make_server_config, serving
 from tests.redis_server import RedisServer
 from tests.test_engine import TEXTS

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from handler.codec import EmbeddingRequest, Options, Route, encode_embeddings, encode_error, parse_request, parse_route
-from handler.errors import RequestError
+from embedserve.handler.api.codec import EmbeddingRequest, Options, Route, encode_embeddings, encode_error, parse_request, parse_route
+from embedserve.handler.api.errors import RequestError
 
 
 def parse(body, content_type="application/json", url_path=""):

@@ -8,10 +8,10 @@ import time
 
 import torch
 
-from handler.cpu_lending import CpuLending
-from handler.placement import resolve_placement
+from embedserve.handler.execution.placement import resolve_placement
+from embedserve.handler.worker.cpu_lending import CpuLending
 from tests.parts import ObservedBackend, on_backend
-from handler.settings import Settings
+from embedserve.handler.settings import Settings
 from tests.conftest import make_engine
 
 
@@ -28,7 +28,7 @@ def test_workers_claim_distinct_home_cpus_until_none_is_left(tmp_path):
 
 def test_a_killed_worker_frees_its_home_cpu(tmp_path):
     script = ("import pathlib, time\n"
-              "from handler.cpu_lending import CpuLending\n"
+              "from embedserve.handler.worker.cpu_lending import CpuLending\n"
               f"lending = CpuLending.join(1, 1, pathlib.Path({str(tmp_path)!r}))\n"
               "print(lending.home, flush=True)\n"
               "time.sleep(60)")
@@ -78,7 +78,7 @@ def test_an_owner_waits_one_pass_for_a_lent_cpu_and_keeps_it_from_then_on(tmp_pa
 
 
 def test_the_encoder_runs_small_passes_on_borrowed_cpus(tiny_model_dir, monkeypatch, tmp_path):
-    monkeypatch.setattr("handler.placement.available_cpus", lambda: 2)
+    monkeypatch.setattr("embedserve.handler.execution.placement.available_cpus", lambda: 2)
     placement = resolve_placement(Settings(max_batch_tokens=2048), gpu_id=None, workers=2, cuda_available=False)
     assert (placement.cpu_threads, placement.lend_cpus) == (1, 2)
     engine = make_engine(tiny_model_dir, pass_overhead_tokens=32)

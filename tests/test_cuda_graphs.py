@@ -16,10 +16,10 @@ from unittest import mock
 import pytest
 import torch
 
-from handler.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, _relative_error, choose,
+from embedserve.handler.backends.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, _relative_error, choose,
                                  forward_synchronizes, ladder)
-from handler.placement import make_current, resolve_placement, worker_device
-from handler.settings import Settings
+from embedserve.handler.execution.placement import make_current, resolve_placement, worker_device
+from embedserve.handler.settings import Settings
 from tests.conftest import make_engine
 from tests.model_families import FAMILIES
 from tests.parts import replaying, torch_model
@@ -155,7 +155,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
     eager = encoder.embed(ids).vectors
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
     FailingCapture.captured = []
-    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         graphs = runner_for(encoder, buckets, graph_type=FailingCapture)
     assert graphs.graphs == {} and graphs.buckets == []
     assert FailingCapture.captured == [Bucket(8, 32), Bucket(8, 16)]  # largest first, none after 4x32 failed
@@ -170,7 +170,7 @@ def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
     ids = engine.preparer.token_ids(TEXTS * 3)
     eager = encoder.embed(ids).vectors
     buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
-    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         graphs = runner_for(encoder, buckets, graph_type=FailingWarmUp)
     assert set(graphs.graphs) == set(buckets) - {Bucket(8, 32)}  # the rest are captured
     assert any("bucket 8x32 runs eagerly" in line and "Error" in line for line in caplog.messages)
@@ -264,13 +264,13 @@ class CapturedOnCpuBuffers(StaticGraph):
 
 
 def test_an_invalidated_capture_drops_the_graphs_and_never_empties_the_cache(tiny_model_dir, caplog, monkeypatch):
-    import handler.cuda_graphs as cuda_graphs
+    import embedserve.handler.backends.cuda_graphs as cuda_graphs
 
     monkeypatch.setattr(cuda_graphs, "_capture_failed", False)  # process state this test changes
     encoder = make_engine(tiny_model_dir).encoder
     device, allocator = torch.device("cuda:0"), Allocator()
     with fake_cuda(graph_type=InvalidatedGraph, allocator=allocator), torch.inference_mode(), \
-            caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+            caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         runner = GraphRunner.capture(encoder.backend.pooled, [Bucket(2, 8), Bucket(4, 8)], pad_id=encoder.pad_id,
                                      device=device, vocab_size=torch_model(encoder).config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
@@ -299,7 +299,7 @@ def test_a_forward_that_reads_the_device_gets_no_graphs(tiny_model_dir, caplog):
             return encoder.backend.pooled(ids, mask)
         return encoder.backend.pooled(ids, mask)
 
-    with fake_cuda(), torch.inference_mode(), caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+    with fake_cuda(), torch.inference_mode(), caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         runner = GraphRunner.capture(reads, [Bucket(2, 8)], pad_id=encoder.pad_id, device=torch.device("cuda:0"),
                                      vocab_size=torch_model(encoder).config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
@@ -321,7 +321,7 @@ def test_forward_synchronizes_names_what_read_the_device():
 @pytest.mark.parametrize("family", ["bert_dense", "xlmr", "mpnet"])
 def test_an_eager_padded_pass_reads_nothing_from_the_device(families, family):
     # transformers asks `padding_mask.all()` of a 2D mask (a host synchronization per pass); the
-    # encoder hands these encoders their 4D mask built without it (handler/attention_mask.py).
+    # encoder hands these encoders their 4D mask built without it (embedserve/handler/model/attention_mask.py).
     encoder = make_engine(families[family]).encoder
     ids = torch.randint(5, 60, (3, 12))
     mask = torch.ones_like(ids)
@@ -370,7 +370,7 @@ class StaleReplay(EagerStandIn):
 @pytest.mark.parametrize("graph_type", [MaskIgnoringReplay, StaleReplay])
 def test_graphs_that_replay_unlike_eager_are_all_dropped(tiny_model_dir, caplog, graph_type):
     encoder = make_engine(tiny_model_dir).encoder
-    with torch.inference_mode(), caplog.at_level(logging.ERROR, logger="handler.cuda_graphs"):
+    with torch.inference_mode(), caplog.at_level(logging.ERROR, logger="embedserve.handler.backends.cuda_graphs"):
         runner = runner_for(encoder, ladder([1, 2, 4], [8, 16], max_tokens=10**6), graph_type=graph_type)
     assert runner.graphs == {} and runner.buckets == []
     assert any("every graph is dropped" in line and "unlike the eager pass" in line for line in caplog.messages)
@@ -379,7 +379,7 @@ def test_graphs_that_replay_unlike_eager_are_all_dropped(tiny_model_dir, caplog,
 def test_graphs_that_give_distinct_inputs_one_output_are_dropped(caplog):
     # A forward pass blind to its input: replay and eager agree, but prove nothing.
     constant = lambda ids, mask: torch.ones((ids.shape[0], 4))  # noqa: E731
-    with caplog.at_level(logging.ERROR, logger="handler.cuda_graphs"):
+    with caplog.at_level(logging.ERROR, logger="embedserve.handler.backends.cuda_graphs"):
         runner = GraphRunner.capture(constant, [Bucket(2, 8)], pad_id=0, vocab_size=100, device=torch.device("cpu"),
                                      max_bytes=1 << 40, tolerance=1e-3, graph_type=EagerStandIn)
     assert runner.graphs == {}
@@ -483,7 +483,7 @@ def test_inputs_go_to_the_gpu_through_pinned_memory_without_waiting():
     stand-in for the device: the real copy runs only in `make bench-gpu`)."""
     import numpy as np
 
-    from handler.transfer import to_device
+    from embedserve.handler.worker.transfer import to_device
 
     array = np.arange(6, dtype=np.int64)
     assert to_device(array, torch.device("cpu")).data_ptr() == array.ctypes.data
@@ -496,8 +496,8 @@ def test_inputs_go_to_the_gpu_through_pinned_memory_without_waiting():
 
 
 def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
-    from handler.encoder import Encoder
-    from handler.faults import DeviceFailure
+    from embedserve.handler.execution.encoder import Encoder
+    from embedserve.handler.execution.faults import DeviceFailure
 
     vectors = mock.Mock()
     vectors.device = torch.device("cuda", 0)

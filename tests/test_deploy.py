@@ -38,10 +38,10 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from referencing import Registry, Resource
 
-from archive.metrics_config import metrics_config
-from archive.ts_config import read_properties
+from embedserve.archive.metrics_config import metrics_config
+from embedserve.archive.ts_config import read_properties
 from scripts import probe
-from scripts.serverctl import TorchServe, free_port, isolated_config
+from embedserve.scripts.serverctl import TorchServe, free_port, isolated_config
 from tests.conftest import build, make_server_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ BROKEN_OBJECTS = {
         d["spec"]["template"]["spec"]["containers"][0], "readinessProbe", "readinesProbe")),
     "replicas as text": ("Deployment", lambda d: d["spec"].update(replicas="two")),
     "exec probe command as one string": ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]
-                                         ["readinessProbe"]["exec"].update(command="python -m scripts.probe")),
+                                         ["readinessProbe"]["exec"].update(command="python -m embedserve.scripts.probe")),
     "container without a name": ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("name")),
     "service port as text": ("Service", lambda d: d["spec"]["ports"][0].update(port="8080")),
     "autoscaling/v1 field in a v2 HPA": ("HorizontalPodAutoscaler",
@@ -169,7 +169,7 @@ def test_ports_match_the_container_config():
 
 def test_readiness_makes_a_real_embedding_and_liveness_does_not():
     spec = container()
-    assert spec["readinessProbe"]["exec"]["command"][:3] == ["python", "-m", "scripts.probe"]
+    assert spec["readinessProbe"]["exec"]["command"][:3] == ["python", "-m", "embedserve.scripts.probe"]
     # The probe's own request timeout must end before the kubelet gives up on the probe.
     command = spec["readinessProbe"]["exec"]["command"]
     assert float(command[command.index("--timeout") + 1]) < spec["readinessProbe"]["timeoutSeconds"]

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from handler.assembly import warm_up
-from handler.service import RawRequest
+from embedserve.handler.assembly import warm_up
+from embedserve.handler.service import RawRequest
 from tests.conftest import make_engine
 from tests.parts import torch_model
 
@@ -219,7 +219,7 @@ def test_requests_that_differ_in_dimensions_and_normalize_share_a_batch(tiny_eng
             assert not np.allclose(norms, 1.0, atol=1e-3)
 
 
-# --- packed passes (handler/packed.py through the encoder) ---------------------------------------
+# --- packed passes (embedserve/handler/backends/packed.py through the encoder) ---------------------------------------
 
 def test_packed_passes_give_the_padded_vectors_and_compute_no_padding(tiny_model_dir):
     padded, packed = make_engine(tiny_model_dir), make_engine(tiny_model_dir, packed=True)
@@ -239,7 +239,7 @@ def test_packed_passes_fall_back_to_padded_where_unsupported_or_unverified(famil
         assert make_engine(families["qwen3"], packed=True).info()["layout"] == "padded"
     assert "packed passes unavailable for this model: Qwen3Model is not one of" in caplog.text
     caplog.clear()
-    from handler.packed import PackedTransformer
+    from embedserve.handler.model.packed_forward import PackedTransformer
 
     real = PackedTransformer.__call__
     monkeypatch.setattr(PackedTransformer, "__call__", lambda self, *args: real(self, *args).flip(0))  # wrong rows
@@ -257,7 +257,7 @@ def test_packed_passes_fall_back_to_padded_where_unsupported_or_unverified(famil
 
 
 def test_packed_out_of_memory_splits_the_pass(tiny_model_dir, monkeypatch):
-    from handler.faults import FAULTS_ENV
+    from embedserve.handler.execution.faults import FAULTS_ENV
 
     reference = make_engine(tiny_model_dir, packed=True)
     ids = reference.preparer.token_ids(TEXTS)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import requests
 
-from handler.faults import FAULTS_ENV, DeviceFailure, FaultInjection
-from handler.service import RawRequest
+from embedserve.handler.execution.faults import FAULTS_ENV, DeviceFailure, FaultInjection
+from embedserve.handler.service import RawRequest
 from tests.conftest import REPO, make_engine, serving
 from tests.test_engine import TEXTS
 from tests.parts import poisoned, with_faults
@@ -115,7 +115,7 @@ CPU_OOM_SCRIPT = """
 import json, resource, sys
 import numpy as np, torch
 from tests.conftest import make_engine
-from handler.service import RawRequest
+from embedserve.handler.service import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
 texts = ["the cat sat on the mat with a hat and a bat " + str(i) for i in range(1024)]

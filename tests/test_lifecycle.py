@@ -10,12 +10,12 @@ import pytest
 import requests
 import yaml
 
-from archive.build import REPO as BUILD_REPO
-from archive.build import run_archiver, parse_args
-from archive.metrics_config import write_metrics_config
-from archive.stage import stage_model
-from archive.ts_config import register_model
-from scripts.serverctl import ServerError, TorchServe
+from embedserve.archive.build import REPO as BUILD_REPO
+from embedserve.archive.build import run_archiver, parse_args
+from embedserve.archive.metrics_config import write_metrics_config
+from embedserve.archive.stage import stage_model
+from embedserve.archive.ts_config import register_model
+from embedserve.scripts.serverctl import ServerError, TorchServe
 from tests.conftest import build, make_server_config
 
 pytestmark = pytest.mark.integration

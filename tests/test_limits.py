@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from handler import output
-from handler.codec import EmbeddingRequest, Options, Route, encode_embeddings, max_answer_bytes
-from handler.assembly import bound_work
-from handler.service import RawRequest
-from handler.quantize import OUTPUT_DTYPES, quantize
+from embedserve.handler.api import output
+from embedserve.handler.api.codec import EmbeddingRequest, Options, Route, encode_embeddings, max_answer_bytes
+from embedserve.handler.api.quantize import OUTPUT_DTYPES, quantize
+from embedserve.handler.assembly import bound_work
+from embedserve.handler.service import RawRequest
 from tests.conftest import make_engine
 from tests.parts import poisoned
 

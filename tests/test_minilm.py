@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import requests
 
-from archive.default_model import fetch_default_model
+from embedserve.archive.default_model import fetch_default_model
 
 pytestmark = pytest.mark.integration
 

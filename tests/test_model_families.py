@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from handler.service import RawRequest
+from embedserve.handler.service import RawRequest
 from tests.conftest import make_engine
 from tests.parts import torch_model
 from tests.model_families import FAMILIES
@@ -195,7 +195,7 @@ def test_dense_with_residual_relu_and_legacy_module_names(families, tmp_path):
 
 
 def test_head_weights_that_do_not_fit_are_refused(families, tmp_path):
-    from handler.model_files import ModelFilesError
+    from embedserve.handler.model.files import ModelFilesError
 
     def edit(path):
         from safetensors.torch import save_file
@@ -213,7 +213,7 @@ def test_info_reports_the_pipeline(engines):
 
 
 def test_cache_keys_tell_excluded_prompt_tokens_apart(tiny_model_dir):
-    from handler.cache import EmbeddingCache
+    from embedserve.handler.scheduling.cache import EmbeddingCache
 
     cache = EmbeddingCache("m", None, None)
     assert cache.key([1, 2, 3]) == cache.key([1, 2, 3], 0) != cache.key([1, 2, 3], 2)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from handler.model_files import ModelFilesError, Pooling, describe_model, usable_positions
+from embedserve.handler.model.files import ModelFilesError, Pooling, describe_model, usable_positions
 from tests.tiny_model import make_tiny_model
 
 

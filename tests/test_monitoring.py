@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from archive.metrics_config import metrics_config
+from embedserve.archive.metrics_config import metrics_config
 from tests.conftest import REPO
 
 QUERY_FUNCTIONS = {"sum", "by", "rate", "histogram_quantile", "ignoring", "group_left"}
@@ -66,14 +66,14 @@ class Clock:
 
 
 def batch(requests=1, model_ms=1.0, status=200):
-    from handler.metrics import BatchReport
+    from embedserve.handler.worker.metrics import BatchReport
     return BatchReport(requests=requests, inputs=requests, forward_passes=1, real_tokens=3 * requests,
                        padded_tokens=3 * requests, model_ms=model_ms, statuses={status: requests},
                        cache_enabled=True, cache_misses=requests)
 
 
 def test_a_zero_counter_is_sent_once_so_its_series_exists():
-    from handler.metrics import ALL, BatchReport, MetricBuffer
+    from embedserve.handler.worker.metrics import ALL, BatchReport, MetricBuffer
 
     sent, clock = Sent(), Clock()
     buffer = MetricBuffer(sent, interval_s=10, clock=clock)
@@ -88,7 +88,7 @@ def test_a_zero_counter_is_sent_once_so_its_series_exists():
 
 
 def test_counters_are_summed_between_flushes_and_histograms_sent_per_batch():
-    from handler.metrics import MetricBuffer
+    from embedserve.handler.worker.metrics import MetricBuffer
 
     sent, clock = Sent(), Clock()
     buffer = MetricBuffer(sent, interval_s=10, clock=clock)
@@ -114,7 +114,7 @@ def test_counters_are_summed_between_flushes_and_histograms_sent_per_batch():
 def test_a_timer_sends_the_last_counters_when_no_batch_follows():
     import time
 
-    from handler.metrics import MetricBuffer
+    from embedserve.handler.worker.metrics import MetricBuffer
 
     sent = Sent()
     buffer = MetricBuffer(sent, interval_s=0.2)
@@ -131,7 +131,7 @@ def test_a_timer_sends_the_last_counters_when_no_batch_follows():
 def test_a_failing_send_from_the_timer_is_logged_not_raised(caplog):
     import time
 
-    from handler.metrics import MetricBuffer
+    from embedserve.handler.worker.metrics import MetricBuffer
 
     calls = []
 

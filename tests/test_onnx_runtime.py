@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-import archive.onnx_export as onnx_export
-from handler.placement import resolve_placement
-from handler.service import RawRequest
-from handler.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer, is_out_of_memory, load_session
-from handler.select import choose_engine
-from handler.settings import Settings, SettingsError
+from embedserve.handler.backends.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer, is_out_of_memory, load_session
+from embedserve.handler.execution.placement import resolve_placement
+from embedserve.handler.execution.select import choose_engine
+from embedserve.handler.service import RawRequest
+from embedserve.handler.settings import Settings, SettingsError
+import embedserve.archive.onnx_export as onnx_export
 from tests.conftest import PROMPTS, make_engine
 from tests.test_engine import TEXTS
 from tests.test_faults import run_child
@@ -63,7 +63,7 @@ def test_the_engine_is_chosen_by_device_dtype_and_files(onnx_model_dir, tiny_mod
     assert engine({"engine": "torch"}) == "torch"
     assert engine({}, cuda=True) == "torch"  # PyTorch stays the GPU engine
     assert engine({"dtype": "int8"}) == "torch"  # the float32 export is no int8 one
-    (tmp_path / INT8_ONNX_FILE).touch()  # what an int8 build ships (archive/int8_calibration.py)
+    (tmp_path / INT8_ONNX_FILE).touch()  # what an int8 build ships (embedserve/archive/int8_calibration.py)
     assert engine({"dtype": "int8"}, model_dir=tmp_path) == "onnxruntime"
     assert engine({"dtype": "int8", "engine": "torch"}, model_dir=tmp_path) == "torch"
     assert engine({}, model_dir=tmp_path) == "torch"
@@ -145,7 +145,7 @@ import json, resource, sys
 import numpy as np
 from tests.conftest import make_engine
 from tests.parts import backed_by
-from handler.service import RawRequest
+from embedserve.handler.service import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
 # 1024 inputs cut to the 48-token limit: one pass of 1024 x 48 tokens, ~40 MB of attention scores.
@@ -180,7 +180,7 @@ print(json.dumps({"engine": engine.info()["engine"], "status": responses[0].stat
 
 def test_residual_add_and_layer_norm_stay_apart_in_the_export_and_the_session(onnx_model_dir, tmp_path):
     """ONNX Runtime's SkipLayerNormalization is slower on CPU than the add and LayerNorm it
-    fuses (handler/onnx_runtime.py): neither the build nor a worker's session makes one."""
+    fuses (embedserve/handler/backends/onnx_runtime.py): neither the build nor a worker's session makes one."""
     import onnx
     import onnxruntime
 

@@ -1,5 +1,5 @@
-"""The packed forward pass (handler/packed.py) against the model's own padded forward and
-handler/pooling.py, on tiny random models of each supported family and on the real
+"""The packed forward pass (embedserve/handler/backends/packed.py) against the model's own padded forward and
+embedserve/handler/model/pooling.py, on tiny random models of each supported family and on the real
 all-MiniLM-L6-v2 against sentence-transformers."""
 
 import random
@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, BertConfig, BertModel, RobertaConfig, RobertaModel
 
-from handler.backend import PassCost
-from handler.model_files import POOLING_MODES
-from handler.packed import (
-    GROUPED_SDPA, VARLEN_FLASH, PackedBackend, PackedTransformer, attention_kernel, length_groups, pack,
-    packed_support, pool_packed,
+from embedserve.handler.backends.base import PassCost
+from embedserve.handler.backends.packed import PackedBackend
+from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.packed_forward import (
+    GROUPED_SDPA, VARLEN_FLASH, PackedTransformer, attention_kernel, length_groups, pack, packed_support, pool_packed,
 )
-from handler.pooling import POOLED, PROMPT, pool
+from embedserve.handler.model.pooling import POOLED, PROMPT, pool
 
 SUPPORTED_FAMILIES = ("bert_dense", "xlmr", "mpnet")
 MIN_COSINE = 0.9999
@@ -263,7 +263,7 @@ def test_minilm_matches_sentence_transformers():
     sentence-transformers' encode."""
     from sentence_transformers import SentenceTransformer
 
-    from archive.default_model import fetch_default_model
+    from embedserve.archive.default_model import fetch_default_model
     from tests.test_minilm import varied_texts
 
     texts = varied_texts(count=64)

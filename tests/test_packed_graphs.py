@@ -1,4 +1,4 @@
-"""CUDA graphs over total tokens for packed passes (handler/packed_graphs.py): the ladder of
+"""CUDA graphs over total tokens for packed passes (embedserve/handler/backends/packed_graphs.py): the ladder of
 sizes and input tiers, the static layout (padding as inputs of its own, zero-length inputs in
 the unused slots), the choice of graph, the counted tokens, the memory cap, the fallback to
 eager, the start-up check, and the encoder's choice to capture and its max_length.
@@ -17,10 +17,11 @@ import pytest
 import torch
 from transformers import AutoModel
 
-from handler.model_files import POOLING_MODES
-from handler.packed import PackedBackend, PackedInputs, PackedTransformer, pack
-from handler.select import with_graphs
-from handler.packed_graphs import (
+from embedserve.handler.backends.packed import PackedBackend
+from embedserve.handler.execution.select import with_graphs
+from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.packed_forward import PackedInputs, PackedTransformer, pack
+from embedserve.handler.backends.packed_graphs import (
     RESOLUTION, TOKEN_STEP, GraphShape, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, packed_ladder,
     slot_tiers, token_ladder,
 )
@@ -235,13 +236,13 @@ def test_the_memory_cap_drops_the_largest_sizes_and_captures_largest_first(model
 
 
 def test_a_failed_capture_leaves_every_pass_to_eager(models, caplog, monkeypatch):
-    # As for padded graphs (handler/cuda_graphs.py): after a failed capture nothing more is
+    # As for padded graphs (embedserve/handler/backends/cuda_graphs.py): after a failed capture nothing more is
     # captured, and the graphs captured before it are dropped too.
-    monkeypatch.setattr("handler.cuda_graphs._capture_failed", False)  # process state this test changes
+    monkeypatch.setattr("embedserve.handler.backends.cuda_graphs._capture_failed", False)  # process state this test changes
     model = models["bert_dense"]
     passes = passes_for(model)
     FailingCapture.captured = []
-    with caplog.at_level(logging.WARNING, logger="handler.cuda_graphs"):
+    with caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         passes = passes.with_graphs(capture(passes, [16, 32, 48, 64], graph_type=FailingCapture))
     assert passes.graphs.graphs == {} and passes.graphs.ladder == []
     assert FailingCapture.captured == [TokenBucket(64, 16)]  # largest first, none after 48 failed
@@ -256,7 +257,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(models, caplog, monkeypatch
 @pytest.mark.parametrize("graph_type", [StaleReplay, LayoutIgnoringReplay])
 def test_graphs_that_replay_unlike_eager_are_all_dropped(models, caplog, graph_type):
     passes = passes_for(models["bert_dense"])
-    with caplog.at_level(logging.ERROR, logger="handler.packed_graphs"):
+    with caplog.at_level(logging.ERROR, logger="embedserve.handler.backends.packed_graphs"):
         runner = capture(passes, [16, 32, 64], graph_type=graph_type)
     assert runner.graphs == {} and runner.ladder == []
     assert any("every graph is dropped" in line and "unlike the eager pass" in line for line in caplog.messages)
@@ -265,7 +266,7 @@ def test_graphs_that_replay_unlike_eager_are_all_dropped(models, caplog, graph_t
 def test_graphs_that_give_distinct_inputs_one_output_are_dropped(caplog):
     # A pass blind to its input: replay and eager agree, but prove nothing.
     constant = lambda inputs: torch.ones((inputs.cu_seqlens.numel() - 1, 4))  # noqa: E731
-    with caplog.at_level(logging.ERROR, logger="handler.packed_graphs"):
+    with caplog.at_level(logging.ERROR, logger="embedserve.handler.backends.packed_graphs"):
         runner = PackedGraphRunner.capture(constant, [16, 32], max_inputs=8, max_len=16, pad_id=0, vocab_size=100,
                                            device=torch.device("cpu"), max_bytes=1 << 40, tolerance=1e-3,
                                            graph_type=EagerStandIn)
@@ -284,7 +285,7 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     real_capture = PackedGraphRunner.capture
     monkeypatch.setattr(PackedGraphRunner, "capture", classmethod(
         lambda cls, *args, **kwargs: real_capture(*args, **kwargs, graph_type=EagerStandIn)))
-    monkeypatch.setattr("handler.select.VARLEN_FLASH", encoder.backend.transformer.attention_kernel)
+    monkeypatch.setattr("embedserve.handler.execution.select.VARLEN_FLASH", encoder.backend.transformer.attention_kernel)
     placement = dataclasses.replace(encoder.placement, cuda_graphs=True, cuda_graph_max_bytes=1 << 40)
     with torch.inference_mode():
         backend, reason = with_graphs(encoder.backend, torch_model(encoder), placement, parts_of(engine))
@@ -309,7 +310,7 @@ def test_packed_graphs_need_the_flash_kernel(tiny_model_dir, caplog):
     engine = make_engine(tiny_model_dir, packed=True)
     encoder = engine.encoder
     placement = dataclasses.replace(encoder.placement, cuda_graphs=True)
-    with caplog.at_level(logging.WARNING, logger="handler.select"):
+    with caplog.at_level(logging.WARNING, logger="embedserve.handler.execution.select"):
         backend, reason = with_graphs(encoder.backend, torch_model(encoder), placement, parts_of(engine))
     assert backend is encoder.backend and backend.graphs is None and "grouped_sdpa" in reason
     assert any("need the varlen_flash attention kernel" in line and "grouped_sdpa" in line

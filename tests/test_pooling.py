@@ -4,8 +4,8 @@ tokens left out of pooling, half precision."""
 import pytest
 import torch
 
-from handler.model_files import POOLING_MODES
-from handler.pooling import POOLED, PROMPT, l2_normalize, pool
+from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.pooling import POOLED, PROMPT, l2_normalize, pool
 
 ST_NAMES = {"last_token": "lasttoken"}
 
@@ -84,7 +84,7 @@ def test_l2_normalize_gives_unit_rows():
 
 
 def test_pad_right_pads_to_the_multiple_and_marks_the_prompt():
-    from handler.padded import PaddedBackend
+    from embedserve.handler.backends.padded import PaddedBackend
 
     backend = PaddedBackend(None, modes=("mean",), head=None, pad_id=3, pad_multiple=4, device=torch.device("cpu"),
                             facts={})

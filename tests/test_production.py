@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import requests
 
-from scripts.serverctl import free_port
+from embedserve.scripts.serverctl import free_port
 from tests.conftest import REPO, serving
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from sentence_transformers.quantization import quantize_embeddings
 
-from handler.quantize import quantize
+from embedserve.handler.api.quantize import quantize
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 import requests
 
-from archive.corpus import fixed_corpus
+from embedserve.archive.corpus import fixed_corpus
 from bench.load import run_load
 from bench.recovery import model_workers, wait_replaced
-from scripts.serverctl import TorchServe
+from embedserve.scripts.serverctl import TorchServe
 from tests.conftest import serving
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from handler.metrics import COUNTER_FLUSH_S
+from embedserve.handler.worker.metrics import COUNTER_FLUSH_S
 from tests.conftest import TINY_BATCH_SIZE, make_engine
 from tests.test_engine import TEXTS
 
@@ -44,7 +44,7 @@ def reference(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
 
     def embed(texts):
-        from handler.service import RawRequest
+        from embedserve.handler.service import RawRequest
 
         [response] = engine.handle([RawRequest({"input": list(texts)})])
         return np.array([d["embedding"] for d in json.loads(response.body)["data"]])
@@ -327,7 +327,7 @@ def test_request_text_never_reaches_the_logs(server):
 
 
 def test_the_served_archives_hold_no_pickle(server):
-    from archive.build import pickled_members
+    from embedserve.archive.build import pickled_members
 
     store = Path(server.properties["model_store"])
     mars = sorted(store.glob("*.mar"))
@@ -348,7 +348,7 @@ def metric_samples(server, model="tiny") -> dict[tuple[str, str], float]:
 
 def metric_samples_after(server, before, requests, model="tiny"):
     """The samples once the counters show `requests` more requests: counters arrive summed, at
-    most COUNTER_FLUSH_S after their batch (handler/metrics.py)."""
+    most COUNTER_FLUSH_S after their batch (embedserve/handler/worker/metrics.py)."""
     deadline = time.monotonic() + 10
     while True:
         time.sleep(COUNTER_FLUSH_S + 0.2)

@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 import torch
 
-from handler.placement import resolve_placement
-from handler.settings import Settings, SettingsError
+from embedserve.handler.execution.placement import resolve_placement
+from embedserve.handler.settings import Settings, SettingsError
 
 
 def test_defaults_are_valid():
@@ -50,7 +50,7 @@ def test_bad_setting_names_its_key(section, key):
 
 
 def test_cpu_placement_defaults_to_float32_and_splits_cores(monkeypatch):
-    monkeypatch.setattr("handler.placement.available_cpus", lambda: 8)
+    monkeypatch.setattr("embedserve.handler.execution.placement.available_cpus", lambda: 8)
     placement = resolve_placement(Settings(), gpu_id=None, workers=2, cuda_available=False)
     assert placement.device == torch.device("cpu")
     assert placement.dtype == torch.float32
@@ -104,7 +104,7 @@ def test_layer_list_setting():
 
 
 def test_available_cpus_honours_a_cgroup_limit(tmp_path):
-    from handler.placement import available_cpus
+    from embedserve.handler.execution.placement import available_cpus
 
     limit = tmp_path / "cpu.max"
     limit.write_text("150000 100000\n")  # 1.5 CPUs: two threads

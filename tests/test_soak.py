@@ -7,7 +7,7 @@ minutes, a worker's allocator keeps its largest batch's memory), so the limit he
 
 import pytest
 
-from archive.corpus import load_tokenizer, mixed_corpus
+from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from bench.soak import measure_capacity, rss_growth, soak, worker_pids
 from tests.conftest import serving
 

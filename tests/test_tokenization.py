@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer, BertTokenizerFast
 
-from handler.tokenization import TextTokenizer
+from embedserve.handler.model.tokenization import TextTokenizer
 from tests.tiny_model import make_tiny_model
 
 TEXTS = [

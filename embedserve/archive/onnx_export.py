@@ -1,0 +1,108 @@
+"""Export the transformer to ONNX for the CPU engine (embedserve/handler/backends/onnx_runtime.py), at build time.
+
+The model's own float32 weights are traced once (eager attention, which ONNX Runtime's
+transformer optimizer recognizes and fuses into its Attention, BiasGelu and
+EmbedLayerNormalization kernels) and written beside the safetensors as
+`model/transformer.onnx`: protobuf, no pickle. The graph outputs the last hidden states; pooling
+and the sentence-transformers head stay in torch, shared with every other engine.
+
+The export is checked against the torch model on inputs of several lengths; an architecture
+that does not export, or whose export does not match, is served by torch instead, and the build
+says so. Measured on all-MiniLM-L6-v2, 2-core CPU: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE, OnnxTransformer
+
+# The largest difference of a hidden state (any token, any unit) to torch that is accepted.
+MAX_ABS_DIFFERENCE = 1e-3
+
+
+class _LastHiddenState(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def export_onnx(model_dir: Path, max_positions: int | None) -> str:
+    """Write model_dir/transformer.onnx and return what was done, or why not (then no file)."""
+    from transformers import AutoModel
+
+    target = model_dir / ONNX_FILE
+    try:
+        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32,
+                                          use_safetensors=True).eval()
+    except (ValueError, ImportError, OSError) as err:
+        return f"not exported (the model does not load with eager attention: {err}); served by torch"
+    # The reference comes first: tracing leaves the model object altered (measured: its later
+    # outputs differ), so it is never run after the export.
+    ids, mask = _probe_batch(int(model.config.vocab_size), max_positions or 512)
+    with torch.inference_mode():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(tmp) / "raw.onnx"
+            trace_to_onnx(model, raw)
+            fusions = _optimize(raw, target, model.config)
+    except Exception as err:  # any exporter or optimizer failure: torch serves this model
+        target.unlink(missing_ok=True)
+        return f"not exported ({type(err).__name__}: {str(err)[:200]}); served by torch"
+    served = OnnxTransformer(target, threads=1)(ids, mask)
+    real = mask.bool()
+    difference = float((served[real] - expected[real]).abs().max())
+    if difference > MAX_ABS_DIFFERENCE:
+        target.unlink()
+        return f"not used: its hidden states differ from torch by {difference:.1e}; served by torch"
+    return f"exported ({fusions}; max difference to torch {difference:.1e})"
+
+
+def trace_to_onnx(model: torch.nn.Module, path: Path) -> None:
+    """The model's graph, ids and attention mask to last hidden states, dynamic in batch and length."""
+    example = torch.ones((2, 8), dtype=torch.long)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _LastHiddenState(model), (example, torch.ones_like(example)), str(path),
+            input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
+            dynamic_axes={name: {0: "batch", 1: "sequence"}
+                          for name in ("input_ids", "attention_mask", "last_hidden_state")},
+            opset_version=17, dynamo=False)
+
+
+def _optimize(raw: Path, target: Path, config) -> str:
+    """ONNX Runtime's offline transformer fusions; the plain export where it knows no pattern."""
+    from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
+
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    options = FusionOptions("bert")
+    # Residual add + LayerNorm stay two operators (embedserve/handler/backends/onnx_runtime.py says why).
+    options.enable_skip_layer_norm = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("onnxruntime").setLevel(logging.ERROR)
+        optimized = optimizer.optimize_model(str(raw), model_type="bert", num_heads=heads, hidden_size=hidden,
+                                             optimization_options=options)
+    optimized.save_model_to_file(str(target))
+    fused = {name: count for name, count in optimized.get_fused_operator_statistics().items() if count}
+    return "fused: " + (", ".join(f"{count} {name}" for name, count in fused.items()) or "none")
+
+
+def _probe_batch(vocab_size: int, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids of mixed lengths, padded: (batch, seq) ids and attention mask."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [length for length in (1, 5, 17, 64, 300) if length <= max_positions] or [1]
+    ids = torch.randint(5, vocab_size, (len(lengths), max(lengths)), generator=generator)
+    return ids, (torch.arange(max(lengths)) < torch.tensor(lengths)[:, None]).long()

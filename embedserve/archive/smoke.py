@@ -1,0 +1,91 @@
+"""The build's smoke check: load the staged model as a worker would (on a CPU), report what was
+found, embed, and compare with sentence-transformers when it is installed.
+
+A model whose vectors differ from sentence-transformers' fails the build: an index built on
+wrong vectors has to be rebuilt, so the mismatch must surface before anything is served.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The comparison's bar, fp32 on a CPU: the engine's own batching and padding move the last
+# digits only.
+MIN_COSINE = 0.9999
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "a",
+    "Embeddings map text to vectors; similar meanings land close together. " * 80,  # past most limits
+    "¿Dónde está la biblioteca? 東京は日本の首都です。",
+)
+
+
+class SmokeError(RuntimeError):
+    """The staged model does not embed, or embeds differently from sentence-transformers."""
+
+
+def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
+    """Load and embed as a worker would; return the report's lines. Raises SmokeError."""
+    from embedserve.handler.assembly import assemble
+    from embedserve.handler.settings import Settings
+
+    dtype = "int8" if handler_section["dtype"] == "int8" else "float32"  # GPU dtypes are checked as float32
+    settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
+    engine = assemble(model_dir, settings, model_name="check", cuda_available=False, warm=True)
+    info = engine.info()
+    preparer = engine.preparer
+    prompts = ", ".join(f"{name}={text!r}" for name, text in preparer.prompts.items()) or "none"
+    lines = [
+        f"architecture: {info['architecture']} (engine: {info['engine']})",
+        f"pipeline: {' -> '.join(info['modules'])}",
+        f"pooling: {info['pooling']}",
+        f"prompts: {prompts}; default: {preparer.default_prompt!r}",
+        f"max length: {preparer.max_length} tokens"
+        + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
+        f"dimension: {engine.encoder.dimension}",
+    ]
+    if settings.pooling != "auto" or settings.prompt:
+        return lines + ["sentence-transformers: not compared (pooling or prompt set by the build overrides the "
+                        "model's own)"]
+    try:
+        import sentence_transformers  # noqa: F401  (optional: the test extras install it)
+    except ImportError:
+        return lines + ["sentence-transformers: not installed, not compared"]
+    return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
+
+
+def _compare(engine, model_dir: Path, int8: bool) -> str:
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        reference = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    except Exception as err:  # its own limits are not the model's fault; say so, do not fail
+        return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
+    reference.max_seq_length = engine.preparer.max_length
+    cosines = []
+    for name in [None, *engine.preparer.prompts]:
+        want = reference.encode(list(TEXTS), prompt_name=name, convert_to_numpy=True)
+        got = _served(engine, {"input": list(TEXTS), **({"prompt_name": name} if name else {})})
+        cosines.extend((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1))
+    worst = float(min(cosines))
+    line = f"sentence-transformers: min cosine {worst:.6f} over {len(cosines)} embeddings"
+    if int8:
+        return line + " (int8 against fp32; the calibration above is the int8 check)"
+    if not worst >= MIN_COSINE:
+        raise SmokeError(f"the served vectors differ from sentence-transformers' (min cosine {worst:.6f} < "
+                         f"{MIN_COSINE}); refusing to build a model that would be served wrong")
+    return line
+
+
+def _served(engine, body: dict[str, Any]) -> np.ndarray:
+    """What the engine answers a client, through the whole request path."""
+    from embedserve.handler.service import RawRequest
+
+    [response] = engine.handle([RawRequest(json.dumps(body).encode(), "application/json", "")])
+    if response.status != 200:
+        raise SmokeError(f"the smoke request failed with {response.status}: {response.body.decode()}")
+    return np.array([row["embedding"] for row in json.loads(response.body)["data"]])

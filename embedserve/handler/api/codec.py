@@ -1,0 +1,329 @@
+"""Request codec: one raw request in, a validated EmbeddingRequest out; results in, wire bytes out.
+
+Plain Python + numpy, no torch and no TorchServe, so every shape is unit-testable. What needs
+the model (dimension, vocabulary, prompts, token counts) is checked in prepare.py.
+
+Routes, by the path after `/predictions/<model>/<version>/` (TorchServe's `url_path` header):
+  ""               native: {"input": ...} JSON or a text/plain body; TEI's {"inputs": ...} too
+  "v1/embeddings"  OpenAI embeddings API
+  "embed"          TEI /embed
+  "tokenize"       TEI /tokenize
+  "info"           TEI /info (any method, any body)
+
+Body decoding: a `text/*` content type means the whole body is one text; anything else is
+parsed as JSON. Unknown JSON fields (OpenAI's `user`, say) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+import numpy as np
+import orjson
+
+from embedserve.handler.api.errors import RequestError, empty, malformed, not_found
+from embedserve.handler.api.quantize import OUTPUT_DTYPES
+
+ENCODING_FORMATS = ("float", "base64")
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+# One input: a text, or pre-tokenized ids (OpenAI's token-array input).
+Input = Union[str, tuple[int, ...]]
+
+
+class Route(Enum):
+    NATIVE = ""
+    OPENAI = "v1/embeddings"
+    TEI_EMBED = "embed"
+    TEI_TOKENIZE = "tokenize"
+    TEI_INFO = "info"
+
+    @property
+    def tei(self) -> bool:
+        return self in _TEI_ROUTES
+
+
+_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO))
+_ROUTES = {route.value: route for route in Route}
+
+
+@dataclass(frozen=True)
+class Options:
+    # None means the server's setting.
+    normalize: bool | None = None
+    truncate: bool | None = None
+    truncation_direction: str = "right"
+    prompt_name: str | None = None
+    dimensions: int | None = None  # Matryoshka truncation
+    output_dtype: str = "float"
+    encoding_format: str = "float"
+    add_special_tokens: bool = True  # /tokenize only
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    route: Route
+    inputs: tuple[Input, ...] = ()
+    options: Options = field(default_factory=Options)
+    # The JSON field the inputs came from, to name it in errors ("input" or "inputs").
+    field: str = "input"
+
+
+def parse_route(url_path: str | None) -> Route:
+    path = (url_path or "").strip("/")
+    route = _ROUTES.get(path)
+    if route is not None:
+        return route
+    known = ", ".join(f"'{r.value}'" for r in Route)
+    raise not_found(f"unknown route '{path}' after /predictions/<model>/<version>/; known: {known}")
+
+
+def parse_request(body: Any, content_type: str | None, url_path: str | None) -> EmbeddingRequest:
+    """Decode and validate one request's shape; raise RequestError naming the faulty field."""
+    route = parse_route(url_path)
+    try:
+        if route is Route.TEI_INFO:
+            return EmbeddingRequest(route)
+        payload = decode_body(body, content_type)
+        if isinstance(payload, str):
+            return EmbeddingRequest(route, (_check_text(payload, "body"),), field="body")
+        if not isinstance(payload, dict):
+            raise malformed("request body must be a JSON object", param="body")
+        if route is Route.NATIVE and "input" not in payload and "inputs" in payload:
+            route = Route.TEI_EMBED  # Hugging Face clients post TEI bodies to the bare model URL
+        name = "inputs" if route.tei else "input"
+        if name not in payload:
+            raise malformed(f"missing required field '{name}'", param=name)
+        inputs = _parse_inputs(payload[name], name, allow_token_ids=not route.tei)
+        return EmbeddingRequest(route, inputs, _parse_options(payload), field=name)
+    except RequestError as err:
+        err.tei = route.tei
+        raise
+
+
+def decode_body(body: Any, content_type: str | None) -> Any:
+    """Return a str for a text/* body, else the parsed JSON value."""
+    if body is None:
+        # TorchServe turns a form-encoded body (curl -d without a content type) into form
+        # fields, leaving no body; say how to send it instead.
+        raise malformed(
+            "request body is empty or form-encoded; send JSON with 'Content-Type: application/json', "
+            "or one text with 'Content-Type: text/plain'",
+            param="body",
+        )
+    if isinstance(body, (dict, list)):  # TorchServe already parsed the JSON
+        return _without_surrogates(body)
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = bytes(body).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise malformed(f"request body is not valid UTF-8 (byte {err.start})", param="body") from None
+    if not isinstance(body, str):
+        raise malformed("request body has an unsupported type", param="body")
+    if (content_type or "").lower().startswith("text/"):
+        return body
+    try:
+        return _without_surrogates(json.loads(body))
+    except json.JSONDecodeError as err:
+        raise malformed(
+            f"request body is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); "
+            "send application/json, or text/plain for a single text",
+            param="body",
+        ) from None
+    except RecursionError:
+        raise malformed("request body is nested too deeply", param="body") from None
+
+
+def _without_surrogates(value: Any) -> Any:
+    """JSON may escape unpaired UTF-16 surrogates ("\\ud800"), which are not text: no tokenizer or
+    encoder takes them. Refuse them, naming where, instead of failing later."""
+    try:
+        orjson.dumps(value)  # in C: refuses a surrogate anywhere, keys included
+        return value
+    except TypeError:  # a surrogate, or what orjson cannot write (a huge int, deep nesting): look closer
+        pass
+    stack = [(value, "body")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise malformed(f"'{path}' holds an unpaired UTF-16 surrogate at character {err.start}, "
+                                "which is not valid Unicode text", param=path) from None
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, path))
+                stack.append((child, key if path == "body" else f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+    return value
+
+
+def _parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ...]:
+    kinds = "a string or a list of strings" + (", or token ids" if allow_token_ids else "")
+    if isinstance(value, str):
+        return (_check_text(value, name),)
+    if not isinstance(value, list):
+        raise malformed(f"'{name}' must be {kinds}, got {_json_type(value)}", param=name)
+    if not value:
+        raise empty(f"'{name}' must not be an empty list", param=name)
+    if allow_token_ids and _is_int(value[0]):  # one pre-tokenized input: [101, 2023, ...]
+        return (_check_ids(value, name),)
+    parsed: list[Input] = []
+    for i, item in enumerate(value):
+        param = f"{name}[{i}]"
+        if isinstance(item, str):
+            parsed.append(_check_text(item, param))
+        elif allow_token_ids and isinstance(item, list):
+            parsed.append(_check_ids(item, param))
+        else:
+            expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
+            raise malformed(f"'{param}' must be {expected}, got {_json_type(item)}", param=param)
+    return tuple(parsed)
+
+
+def _check_text(text: str, param: str) -> str:
+    if not text:
+        raise empty(f"'{param}' must not be an empty string", param=param)
+    return text
+
+
+def _check_ids(ids: list, param: str) -> tuple[int, ...]:
+    if not ids:
+        raise empty(f"'{param}' must not be an empty list of token ids", param=param)
+    for j, token in enumerate(ids):
+        if not _is_int(token) or token < 0:
+            raise malformed(f"'{param}[{j}]' must be a non-negative integer token id, got {token!r}",
+                            param=f"{param}[{j}]")
+    return tuple(ids)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_options(payload: dict[str, Any]) -> Options:
+    return Options(
+        normalize=_optional_bool(payload, "normalize"),
+        truncate=_optional_bool(payload, "truncate"),
+        truncation_direction=_choice(payload, "truncation_direction", TRUNCATION_DIRECTIONS, lower=True),
+        prompt_name=_optional_str(payload, "prompt_name"),
+        dimensions=_optional_positive_int(payload, "dimensions"),
+        output_dtype=_choice(payload, "output_dtype", OUTPUT_DTYPES),
+        encoding_format=_choice(payload, "encoding_format", ENCODING_FORMATS),
+        add_special_tokens=_optional_bool(payload, "add_special_tokens") is not False,
+    )
+
+
+def _optional_bool(payload: dict, key: str) -> bool | None:
+    value = payload.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise malformed(f"'{key}' must be true or false, got {_json_type(value)}", param=key)
+    return value
+
+
+def _optional_str(payload: dict, key: str) -> str | None:
+    value = payload.get(key)
+    if value is not None and not isinstance(value, str):
+        raise malformed(f"'{key}' must be a string, got {_json_type(value)}", param=key)
+    return value
+
+
+def _optional_positive_int(payload: dict, key: str) -> int | None:
+    value = payload.get(key)
+    if value is not None and (not _is_int(value) or value < 1):
+        raise malformed(f"'{key}' must be a positive integer, got {value!r}", param=key)
+    return value
+
+
+def _choice(payload: dict, key: str, choices: tuple[str, ...], lower: bool = False) -> str:
+    value = payload.get(key)
+    if value is None:
+        return choices[0]
+    normalized = value.lower() if lower and isinstance(value, str) else value
+    if normalized not in choices:
+        raise malformed(f"'{key}' must be one of {', '.join(choices)}, got {value!r}", param=key)
+    return normalized
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+# --- responses -------------------------------------------------------------------------------
+
+# The most bytes one number takes in a JSON answer, its separator included: orjson writes a
+# float32 in at most 16 characters ("-0.0000053924714"), an int8 code in 4 ("-128").
+_FLOAT_JSON_BYTES = 17
+_CODE_JSON_BYTES = 5
+# Bytes around each vector ({"object":"embedding","index":4095,"embedding":...},) and around the
+# list (object, model, usage), with room to spare.
+_ROW_OVERHEAD_BYTES = 64
+_LIST_OVERHEAD_BYTES = 256
+
+
+def max_answer_bytes(count: int, dimensions: int, output_dtype: str, encoding_format: str,
+                     model_name: str = "", route: Route | None = None) -> int:
+    """An upper bound of the bytes an embedding answer of `count` vectors takes on `route` (None:
+    any route), computed before embedding: what must fit TorchServe's max_response_size."""
+    values = -(-dimensions // 8) if output_dtype in ("binary", "ubinary") else dimensions
+    if encoding_format == "base64":
+        row = 4 * -(-values * _base64_value_bytes(output_dtype, route) // 3)
+    else:
+        row = values * (_FLOAT_JSON_BYTES if output_dtype == "float" else _CODE_JSON_BYTES)
+    return count * (row + _ROW_OVERHEAD_BYTES) + _LIST_OVERHEAD_BYTES + len(model_name)
+
+
+def _base64_value_bytes(output_dtype: str, route: Route | None) -> int:
+    """Bytes one value takes before base64: 4 (float32) for floats, and for codes on the OpenAI
+    route, whose clients decode base64 as float32 whatever was asked; 1 for codes elsewhere."""
+    return 4 if output_dtype == "float" or route in (None, Route.OPENAI) else 1
+
+
+def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_name: str, prompt_tokens: int) -> bytes:
+    """(n, d) vectors, already in the requested output dtype, in the route's shape."""
+    rows = [_encode_vector(row, request.options.encoding_format, request.route) for row in vectors]
+    if request.route.tei:
+        return _dumps(rows)
+    return _dumps({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
+        "model": model_name,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    })
+
+
+def _encode_vector(row: np.ndarray, encoding_format: str, route: Route) -> np.ndarray | str:
+    if encoding_format == "base64":
+        # Floats are OpenAI's encoding: little-endian float32 bytes. Codes go the same way on the
+        # OpenAI route, because OpenAI clients (the official one asks for base64 by default)
+        # decode every base64 embedding as float32; on the other routes they go compact, one
+        # byte a code, to callers that asked for base64 knowing the dtype.
+        compact = row.dtype.kind != "f" and route is not Route.OPENAI
+        data = row if compact else row.astype("<f4")
+        return base64.b64encode(data.tobytes()).decode("ascii")
+    return np.ascontiguousarray(row)  # serialized by orjson straight from the array
+
+
+def encode_tokens(tokens: list[list[dict[str, Any]]]) -> bytes:
+    return _dumps(tokens)
+
+
+def encode_info(info: dict[str, Any]) -> bytes:
+    return _dumps(info)
+
+
+def encode_error(error: RequestError) -> bytes:
+    return _dumps(error.body())
+
+
+def _dumps(value: Any) -> bytes:
+    # orjson writes numpy arrays directly, float32 in its shortest round-trip form: about 20x
+    # faster than json + tolist() and half the bytes per embedding.
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)

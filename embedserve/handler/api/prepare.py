@@ -1,0 +1,204 @@
+"""Request preparation: every check a request meets before the model, its prompt, its token ids.
+
+Each request is checked against the model and the limits on its own, so a bad one becomes its
+own error and takes no part in the forward pass. The texts of all good requests are tokenized in
+one call, then each request's lengths and tokens are checked on its own: too long an input is
+truncated, or refused with truncation off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from embedserve.handler.api.codec import EmbeddingRequest, max_answer_bytes
+from embedserve.handler.api.errors import RequestError, internal_error, too_large, unprocessable
+from embedserve.handler.api.quantize import SCALAR_DTYPES
+from embedserve.handler.model.tokenization import TextTokenizer
+from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
+from embedserve.handler.settings import Settings
+from embedserve.handler.worker.failures import log_failure
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    tokens: int  # its tokens without special tokens: what truncation never cuts
+    unpooled: int  # what pooling leaves out: 0 unless the Pooling module excludes the prompt
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A valid embedding request before tokenizing: the texts it needs tokenized."""
+    request: EmbeddingRequest
+    normalize: bool
+    prompt: Prompt
+    texts: dict[int, str]  # input index -> prompt + text, for the tokenizer
+    bodies: list[list[int] | None]  # token ids without special tokens; None where `texts` holds the input
+
+
+@dataclass(frozen=True)
+class Job:
+    """A valid embedding request, tokenized: model input ids per input."""
+    request: EmbeddingRequest
+    ids: list[list[int]]
+    normalize: bool
+    unpooled: int = 0  # first tokens of each input that pooling leaves out (an excluded prompt)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.ids)
+
+
+class RequestPreparer:
+    def __init__(self, tokenizer: TextTokenizer, settings: Settings, *, model_name: str, dimension: int,
+                 max_length: int, prompts: dict[str, str], default_prompt: str, include_prompt: bool):
+        """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag)."""
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.model_name = model_name
+        self.dimension = dimension
+        self.max_length = max_length
+        self.prompts = prompts
+        self.default_prompt = default_prompt
+        self._include_prompt = include_prompt
+        self._prompt_tokens = {text: self._measure_prompt(text) for text in {default_prompt, *prompts.values()}}
+
+    def _measure_prompt(self, text: str) -> Prompt:
+        if not text:
+            return Prompt("", 0, 0)
+        return Prompt(text, tokens=len(self.tokenizer.body_ids([text])[0]),
+                      unpooled=0 if self._include_prompt else self.tokenizer.prompt_length(text))
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
+        return [self.tokenizer.assemble(body, self.max_length, "right").ids for body in self.tokenizer.body_ids(texts)]
+
+    def check(self, request: EmbeddingRequest) -> Checked:
+        """Every check before tokenizing: limits, options, prompt, token ids; and the texts to
+        tokenize: `prompt + text`, tokenized as one string, as sentence-transformers does. With a
+        prompt, token-id inputs are the text they decode to, so that both forms of one text give
+        the same vector."""
+        options = request.options
+        normalize = self.settings.normalize if options.normalize is None else options.normalize
+        self._check_limits(request)
+        self._check_options(request, normalize)
+        prompt = self._prompt(options.prompt_name)
+        texts: dict[int, str] = {}
+        bodies: list[list[int] | None] = []
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str):
+                texts[i] = prompt.text + item
+                bodies.append(None)
+                continue
+            for j, token in enumerate(item):
+                if token >= self.tokenizer.vocab_size:
+                    raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
+                                        f"vocabulary of {self.tokenizer.vocab_size}",
+                                        param=f"{request.field}[{i}][{j}]")
+            if prompt.text:
+                texts[i] = prompt.text + self.tokenizer.decode(item)
+            bodies.append(None if prompt.text else list(item))
+        return Checked(request, normalize, prompt, texts, bodies)
+
+    def tokenize(self, checked: dict[int, Checked], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
+        """The checked requests' texts tokenized in one call, then each request finished on its
+        own: a request over a token limit gets its error, the others go on."""
+        texts = [text for pending in checked.values() for text in pending.texts.values()]
+        try:
+            tokenized = self.tokenizer.body_ids(texts) if texts else []
+        except Exception:  # a text that breaks the tokenizer: tokenize each request alone to find its owner
+            tokenized = None
+        outcomes: dict[int, Job | RequestError] = {}
+        start = 0
+        for index, pending in checked.items():
+            stop = start + len(pending.texts)
+            try:
+                own = tokenized[start:stop] if tokenized is not None else \
+                    self.tokenizer.body_ids(list(pending.texts.values()))
+                outcomes[index] = self._finish(pending, own, budget)
+            except RequestError as err:
+                outcomes[index] = err
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                outcomes[index] = internal_error()
+            start = stop
+        return outcomes
+
+    def _finish(self, checked: Checked, tokenized: list[list[int]], budget: WorkBudget | None) -> Job:
+        """The checks after tokenizing, given the token ids of `checked.texts` in order: length
+        per input (truncated, or refused with truncation off) and tokens per request."""
+        request, prompt = checked.request, checked.prompt
+        options = request.options
+        bodies = list(checked.bodies)
+        for i, ids in zip(checked.texts, tokenized):
+            bodies[i] = ids
+        truncate = self.settings.truncate if options.truncate is None else options.truncate
+        assembled = [self.tokenizer.assemble(body, self.max_length, options.truncation_direction, keep=prompt.tokens)
+                     for body in bodies]
+        for i, item in enumerate(assembled):
+            if not truncate and item.full_length > self.max_length:
+                raise too_large(
+                    f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
+                    "and truncation is off (send \"truncate\": true to cut it)",
+                    param=f"{request.field}[{i}]")
+        total = sum(len(item.ids) for item in assembled)
+        if total > self.settings.max_tokens_per_request:
+            raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
+                            f"{self.settings.max_tokens_per_request}", param=request.field)
+        limit = max_request_tokens(self.settings.max_tokens_per_request, budget)
+        if total > limit:  # only under a work budget
+            raise too_large(f"the request has {total} tokens; this worker embeds about "
+                            f"{budget.tokens_per_second:.0f} tokens/s, so a request may hold at most "
+                            f"{limit} tokens to finish well within the server's "
+                            f"{budget.response_timeout_s:.0f} s response timeout; send fewer or shorter inputs per "
+                            "request", param=request.field)
+        return Job(request, [item.ids for item in assembled], checked.normalize, prompt.unpooled)
+
+    def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
+        """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""
+        self._check_limits(request)
+        prompt = self._prompt(request.options.prompt_name).text
+        texts = [prompt + text for text in request.inputs]
+        return self.tokenizer.tokens(texts, request.options.add_special_tokens)
+
+    def _check_limits(self, request: EmbeddingRequest) -> None:
+        """Input count and characters per text, both before any tokenizing."""
+        if len(request.inputs) > self.settings.max_inputs_per_request:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
+                            f"max_inputs_per_request={self.settings.max_inputs_per_request}", param=request.field)
+        limit = self.settings.max_input_chars
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str) and len(item) > limit:
+                raise too_large(f"'{request.field}[{i}]' has {len(item)} characters; the limit is "
+                                f"max_input_chars={limit}", param=f"{request.field}[{i}]")
+
+    def _check_options(self, request: EmbeddingRequest, normalize: bool) -> None:
+        options = request.options
+        if options.dimensions is not None and options.dimensions > self.dimension:
+            raise unprocessable(f"'dimensions' must be at most the model's dimension {self.dimension}, "
+                                f"got {options.dimensions}", param="dimensions")
+        def answer_bytes(encoding_format: str) -> int:
+            return max_answer_bytes(len(request.inputs), options.dimensions or self.dimension,
+                                    options.output_dtype, encoding_format, self.model_name, request.route)
+
+        answer = answer_bytes(options.encoding_format)
+        if answer > self.settings.max_response_bytes:
+            # base64 is no smaller for codes on the OpenAI route (4 bytes each): suggest it only where it helps.
+            smaller = ", or \"encoding_format\": \"base64\"" if answer_bytes("base64") < answer else ""
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
+                            f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
+                            f"per answer: send fewer inputs per request, fewer 'dimensions'{smaller}",
+                            param=request.field)
+        if options.output_dtype in SCALAR_DTYPES and not normalize:
+            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] and needs "
+                                "normalized embeddings; drop \"normalize\": false or use float/binary",
+                                param="output_dtype")
+
+    def _prompt(self, name: str | None) -> Prompt:
+        if name is None:
+            return self._prompt_tokens[self.default_prompt]
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none (the model defines no prompts)"
+            raise unprocessable(f"unknown 'prompt_name' '{name}'; known: {known}", param="prompt_name")
+        return self._prompt_tokens[self.prompts[name]]

@@ -1,0 +1,82 @@
+"""The CPU engine: the transformer as an ONNX Runtime session.
+
+On a CPU, ONNX Runtime's fused transformer kernels (attention, bias + GELU, embeddings + LayerNorm)
+run all-MiniLM-L6-v2 about twice as fast as PyTorch eager at batch 1 and faster at every shape
+measured (docs/performance.md), with no Python between the layers. The model is exported at
+build time (embedserve/archive/onnx_export.py); pooling and the head stay in torch, shared with the other
+engines.
+
+ONNX Runtime fixes a session's threads when it is created, while CPU lending
+(embedserve/handler/worker/cpu_lending.py) changes the threads per pass: so one session is kept per thread count
+used, chosen per pass by torch's current thread count, which lending sets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import torch
+
+ONNX_FILE = "transformer.onnx"
+# The same graph with ONNX Runtime's dynamic int8 quantization, calibrated by the build
+# (embedserve/archive/int8_calibration.py).
+INT8_ONNX_FILE = "transformer.int8.onnx"
+
+
+# ONNX Runtime's fused residual add + LayerNorm (SkipLayerNormalization) is slower on CPU than
+# the two operators it replaces: 1.54 against 0.39 ms on (32, 40, 384) float32, 2 threads. The
+# export leaves them apart, and sessions do not fuse them back at load. Measured on the whole
+# all-MiniLM-L6-v2 in turns, fused / apart: 1 x 64 tokens 11.97 / 11.33 ms, 1 x 256 49.1 / 44.9,
+# 32 x 40 203.6 / 188.5; the tiny request-path model at 13 x 12, 471 / 416 us.
+UNFUSED = ["SkipLayerNormFusion"]
+
+
+def onnx_file(int8: bool) -> str:
+    return INT8_ONNX_FILE if int8 else ONNX_FILE
+
+
+class OnnxTransformer:
+    """(batch, sequence) ids and attention mask in, (batch, sequence, hidden) float32 states out."""
+
+    def __init__(self, path: Path, threads: int, lend_threads: int = 0):
+        self.path = Path(path)
+        # Own threads always; all the CPUs a worker may borrow, when lending is on.
+        self.sessions = {count: self._session(count, borrowed=count > threads)
+                         for count in sorted({threads, lend_threads} - {0})}
+
+    def _session(self, threads: int, borrowed: bool):
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # On its own CPUs a worker's threads sleep between operators: the other worker, the
+        # frontend and the tokenizer need those cores. A pass on borrowed CPUs runs only while
+        # nobody else uses them, so there its threads spin from one operator to the next, and
+        # stop when the pass ends (spinning on after it slowed one client's requests 1.7x):
+        # one 16-token text took 5.2-5.7 instead of 6.6-7.0 ms, for the same CPU time.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if borrowed else "0")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        return load_session(self.path, options)
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        threads = torch.get_num_threads()
+        session = self.sessions[max((count for count in self.sessions if count <= threads), default=min(self.sessions))]
+        feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
+                "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
+        return torch.from_numpy(session.run(["last_hidden_state"], feed)[0])
+
+
+def load_session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:
+    """A CPU session of the model at `path`, optimized at load as workers run it (UNFUSED left apart)."""
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                        disabled_optimizers=UNFUSED)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """ONNX Runtime's own allocation failure (a RuntimeException, not MemoryError)."""
+    text = str(err)
+    return type(err).__name__ in ("RuntimeException", "Fail") and (
+        "Failed to allocate memory" in text or "bad allocation" in text or "std::bad_alloc" in text)

@@ -1,0 +1,96 @@
+"""Padded passes: a pass's inputs right-padded into one (batch, seq) rectangle, run by a torch
+model or an ONNX Runtime session, pooled, then through the pipeline's head.
+
+Every engine runs this layout. The planner (embedserve/handler/scheduling/planner.py) cuts passes at the least
+padding plus pass cost; with CUDA graphs (embedserve/handler/backends/cuda_graphs.py, captured by embedserve/handler/execution/select.py
+and handed in) a pass replays in the smallest (batch, length) bucket that holds it, and the
+planner prices it at that bucket's tokens.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from embedserve.handler.backends.base import PassCost
+from embedserve.handler.backends.cuda_graphs import GraphRunner
+from embedserve.handler.model.pooling import PROMPT, pool
+from embedserve.handler.scheduling.planner import Replay, padded_length, plan_sub_batches
+from embedserve.handler.worker.transfer import to_device
+
+# (batch, seq) ids and attention mask -> (batch, seq, hidden) states: a torch model
+# (embedserve/handler/model/loading.py's TorchTransformer) or an ONNX Runtime session (embedserve/handler/backends/onnx_runtime.py).
+Transformer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class PaddedInputs(NamedTuple):
+    ids: torch.Tensor  # (rows, length) int64, padding ids after each row's tokens
+    mask: torch.Tensor  # (rows, length): 0 padding, 1 pooled, PROMPT attended but not pooled
+
+
+class PaddedBackend:
+    """Passes as right-padded rectangles. `facts` says what runs them, for /info: the engine
+    and the attention kernel."""
+
+    def __init__(self, transformer: Transformer, *, modes: Sequence[str], head: torch.nn.Module | None, pad_id: int,
+                 pad_multiple: int, device: torch.device, facts: dict[str, Any], graphs: GraphRunner | None = None):
+        self.transformer = transformer
+        self.modes = tuple(modes)
+        self.head = head
+        self.pad_id = pad_id
+        self.pad_multiple = pad_multiple  # GPU passes pad to tensor-core tiles; CPU passes to their longest row
+        self.device = device
+        self.facts = dict(facts)
+        self.graphs = graphs
+
+    def with_graphs(self, graphs: GraphRunner | None) -> "PaddedBackend":
+        """The same backend, replaying `graphs` (captured on this one's `pooled`)."""
+        return PaddedBackend(self.transformer, modes=self.modes, head=self.head, pad_id=self.pad_id,
+                             pad_multiple=self.pad_multiple, device=self.device, facts=self.facts, graphs=graphs)
+
+    def with_transformer(self, transformer: Transformer) -> "PaddedBackend":
+        """The same layout, pooling and head around another transformer (a trial quantization),
+        run eagerly: graphs recorded the old one."""
+        return PaddedBackend(transformer, modes=self.modes, head=self.head, pad_id=self.pad_id,
+                             pad_multiple=self.pad_multiple, device=self.device, facts=self.facts)
+
+    def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
+        replay = None if self.graphs is None else Replay(self.graphs.table, cost.replay_overhead_tokens)
+        return plan_sub_batches(lengths, cost.max_batch_tokens, cost.max_batch_size, self.pad_multiple,
+                                cost.pass_overhead_tokens, replay)
+
+    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PaddedInputs:
+        """Right-pad to the longest row, rounded up to the pad multiple; the mask marks padding,
+        pooled tokens and prompt tokens pooling leaves out (embedserve/handler/model/pooling.py)."""
+        sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        length = padded_length(int(sizes.max()), self.pad_multiple)
+        positions = np.arange(length)
+        real = positions < sizes[:, None]  # (rows, length): True on each row's own tokens
+        ids = np.full((len(rows), length), self.pad_id, dtype=np.int64)
+        ids[real] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(sizes.sum()))  # row by row
+        mask = real.astype(np.int64)
+        if unpooled:
+            mask[positions < np.minimum(np.asarray(unpooled, dtype=np.int64), sizes)[:, None]] = PROMPT
+        return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device))
+
+    def run(self, inputs: PaddedInputs, *, eager: bool = False) -> torch.Tensor:
+        if self.graphs is None or eager:
+            return self.pooled(*inputs)
+        return self.graphs.run(*inputs)
+
+    def pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The eager pass: (batch, seq) ids and pooling mask -> (batch, dimension) float32."""
+        attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
+        hidden = self.transformer(ids, attention)  # (batch, seq, hidden)
+        pooled = pool(hidden, mask, self.modes)  # (batch, hidden * modes)
+        return pooled if self.head is None else self.head(pooled)
+
+    def computed_tokens(self, inputs: PaddedInputs) -> int:
+        """All of its bucket's tokens where a graph replays the pass."""
+        return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(*inputs.ids.shape)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.facts, "layout": "padded", "cuda_graphs": 0 if self.graphs is None else len(self.graphs.graphs)}

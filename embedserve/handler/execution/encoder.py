@@ -1,0 +1,162 @@
+"""The encoder: token ids in any order in, pooled float32 vectors in the same order out, through
+the one backend the worker runs (embedserve/handler/backends/base.py; chosen by embedserve/handler/execution/select.py).
+
+It keeps only what every backend shares:
+- Passes: the backend plans them at the least cost (embedserve/handler/scheduling/planner.py), then each is prepared
+  and run; the vectors gather on the device and are read back once per batch.
+- Memory: a pass that runs out of memory (CUDA OOM; on a CPU, the allocator's RuntimeError or
+  MemoryError) is split in two and retried, down to single inputs; only an input that does not
+  fit alone fails, and the caller answers its request alone with 507.
+- Device failures: any other CUDA error may have poisoned the process's CUDA context, so it is
+  raised as DeviceFailure for the worker to exit and be replaced (embedserve/handler/execution/faults.py).
+- CPU lending: on a CPU, small passes also borrow the CPUs other workers leave idle
+  (embedserve/handler/worker/cpu_lending.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from embedserve.handler.backends.base import Backend, PassCost
+from embedserve.handler.backends.cuda_graphs import release_memory
+from embedserve.handler.execution.calibration import Speed, measure_speed
+from embedserve.handler.execution.faults import is_out_of_memory, raise_classified
+from embedserve.handler.execution.placement import Placement
+from embedserve.handler.model.files import Pooling
+from embedserve.handler.worker.cpu_lending import CpuLending
+from embedserve.handler.worker.transfer import to_device
+
+log = logging.getLogger(__name__)
+
+# A pass of at most this many padded tokens borrows idle CPUs: it ends within about 150 ms on
+# two CPU cores, the longest an owner then waits to get its CPU back.
+LEND_MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Embedded:
+    vectors: torch.Tensor  # (items, dimension) float32, in input order
+    real_tokens: int
+    padded_tokens: int  # what the forward passes computed; real / padded is the padding efficiency
+    passes: int
+    too_large: frozenset[int] = frozenset()  # items that ran out of memory alone (their rows are zeros)
+
+
+class Encoder:
+    """Passes of one backend, with the model's pipeline facts the service reads (`pooling`,
+    `dimension`) and how the worker was placed (`placement`)."""
+
+    def __init__(self, backend: Backend, cost: PassCost, placement: Placement, *, dimension: int, pooling: Pooling,
+                 pad_id: int, max_positions: int | None = None, lending: CpuLending | None = None,
+                 reasons: dict[str, str] | None = None):
+        self.backend = backend
+        self.cost = cost
+        self.placement = placement
+        self.dimension = dimension
+        self.pooling = pooling
+        self.pad_id = pad_id  # for the calibration passes
+        self.max_positions = max_positions  # tokens per input the position embeddings allow; None for rotary models
+        self.lending = lending
+        self.lend_min_tokens = 0  # padded tokens a pass needs to borrow CPUs (measure_speed sets it)
+        self.reasons = dict(reasons or {})
+
+    def with_backend(self, backend: Backend, *, placement: Placement | None = None, lending: CpuLending | None = None,
+                     cost: PassCost | None = None) -> "Encoder":
+        """This encoder's twin on another backend (a trial quantization, a test's stand-in), with
+        its placement, lending and prices unless others are given."""
+        return Encoder(backend, cost or self.cost, placement or self.placement, dimension=self.dimension,
+                       pooling=self.pooling, pad_id=self.pad_id, max_positions=self.max_positions,
+                       lending=lending or self.lending, reasons=self.reasons)
+
+    @property
+    def pass_overhead_tokens(self) -> int:
+        return self.cost.pass_overhead_tokens
+
+    @pass_overhead_tokens.setter
+    def pass_overhead_tokens(self, tokens: int) -> None:
+        self.cost = replace(self.cost, pass_overhead_tokens=tokens)
+
+    @property
+    def graph_runner(self) -> Any:
+        """The CUDA graphs this encoder's passes replay (GraphRunner or PackedGraphRunner), or None."""
+        return getattr(self.backend, "graphs", None)
+
+    def describe(self) -> dict[str, Any]:
+        """How this encoder runs its passes, for /info: engine, padded or packed, the attention
+        kernel, how many CUDA graphs it replays (0: every pass runs eagerly)."""
+        return self.backend.describe()
+
+    def embed(self, token_ids: Sequence[Sequence[int]], unpooled: Sequence[int] | None = None) -> Embedded:
+        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order.
+        `unpooled[i]`: how many of item i's first tokens pooling leaves out (an excluded prompt)."""
+        lengths = [len(ids) for ids in token_ids]
+        device = self.backend.device
+        out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32, device=device)
+        pending = self.backend.plan(lengths, self.cost)
+        padded = passes = 0
+        too_large: set[int] = set()
+        with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
+            while pending:
+                indices = pending.pop(0)
+                inputs = self.backend.prepare([token_ids[i] for i in indices],
+                                              [unpooled[i] for i in indices] if unpooled else None)
+                try:
+                    with self._cpus_for_pass(inputs.ids):
+                        # A copy on the device: a replayed graph's output buffer is overwritten by the next.
+                        out[to_device(np.asarray(indices, dtype=np.int64), device)] = self.backend.run(inputs)
+                except Exception as err:
+                    if not is_out_of_memory(err):
+                        raise_classified(err)
+                    del inputs  # free this pass's inputs before retrying smaller
+                    release_memory(device)
+                    if len(indices) == 1:
+                        too_large.add(indices[0])
+                    else:
+                        half = len(indices) // 2
+                        log.warning("forward pass of %d inputs ran out of memory; retrying as %d + %d",
+                                    len(indices), half, len(indices) - half)
+                        pending[:0] = [indices[:half], indices[half:]]
+                    continue
+                padded += self.backend.computed_tokens(inputs)
+                passes += 1
+        return Embedded(self._to_host(out), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
+                        too_large=frozenset(too_large))
+
+    def measure_speed(self) -> Speed:
+        """Time this worker's passes (embedserve/handler/execution/calibration.py) and keep the prices the encoder
+        applies itself: a replay's, for the planner, and the smallest pass worth lending CPUs to.
+        The pass price is the caller's to adopt: a setting may fix it."""
+        speed = measure_speed(self.backend, self.cost, pad_id=self.pad_id, max_positions=self.max_positions)
+        self.cost = replace(self.cost, replay_overhead_tokens=speed.replay_overhead_tokens)
+        self.lend_min_tokens = speed.lend_min_tokens
+        return speed
+
+    @staticmethod
+    def _to_host(vectors: torch.Tensor) -> torch.Tensor:
+        """The batch's vectors on the CPU: on a GPU the one copy, and the one wait, of the batch."""
+        if vectors.device.type == "cpu":
+            return vectors
+        try:
+            return vectors.cpu()
+        except Exception as err:  # an asynchronous CUDA error of any pass surfaces here
+            raise_classified(err)
+
+    @contextmanager
+    def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
+        """Run one pass on this worker's CPUs, plus every idle one unless the pass is long or
+        too short to gain from them."""
+        if self.lending is None or not self.lend_min_tokens <= ids.numel() <= LEND_MAX_TOKENS:
+            yield
+            return
+        with self.lending.borrowing() as borrowed:
+            torch.set_num_threads(self.placement.cpu_threads + borrowed)
+            try:
+                yield
+            finally:
+                torch.set_num_threads(self.placement.cpu_threads)

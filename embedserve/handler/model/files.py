@@ -1,0 +1,290 @@
+"""What a model folder says about itself: its architecture and its sentence-transformers pipeline.
+
+sentence-transformers describes a model as a pipeline in `modules.json`: a Transformer (the
+Hugging Face model, configured by `sentence_bert_config.json`), a Pooling module (its folder's
+`config.json`), then modules that transform the pooled vector (Dense, LayerNorm, Normalize).
+`config_sentence_transformers.json` holds named prompts ("query: ", ...) and the default one.
+
+Every module that changes the vectors is either read here, to be applied exactly as
+sentence-transformers applies it, or refused with an error naming it: a model is never served
+with a step of its pipeline silently skipped. Module types are matched by class name, so the
+names of every sentence-transformers release match (`sentence_transformers.models.Pooling`,
+`sentence_transformers.sentence_transformer.modules.pooling.Pooling`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# Pooling modes in sentence-transformers' order of concatenation (its legacy flags, oldest files),
+# under this server's names.
+_FLAG_TO_MODE = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "last_token",
+}
+POOLING_MODES = tuple(_FLAG_TO_MODE.values())
+_MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
+
+# Modules after pooling that this server applies (embedserve/handler/model/head.py), and modules that are the
+# identity at inference.
+HEAD_MODULES = ("Dense", "LayerNorm", "Normalize")
+IDENTITY_MODULES = ("Dropout",)
+# The feature the pooled vector travels under; a module reading another feature works on tokens.
+SENTENCE_EMBEDDING = "sentence_embedding"
+
+# Architectures whose position ids start after the padding id (fairseq's convention), so the
+# table's first pad_token_id + 1 rows are never used for a real token: XLM-R's 514 rows hold 512
+# positions. A longer input indexes past the table (IndexError on a CPU, a device-side assert on
+# a GPU).
+PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "mpnet", "data2vec-text",
+                            "roberta-prelayernorm", "xmod", "ibert", "longformer")
+
+
+class ModelFilesError(ValueError):
+    """A model folder is missing a file or describes something this server cannot do."""
+
+
+@dataclass(frozen=True)
+class Pooling:
+    modes: tuple[str, ...]  # concatenated in this order
+    # False: prompt tokens are attended to but left out of pooling (INSTRUCTOR-style models).
+    include_prompt: bool = True
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.modes)
+
+
+@dataclass(frozen=True)
+class HeadModule:
+    """A module applied to the pooled vector, read from its folder."""
+    kind: str  # one of HEAD_MODULES
+    folder: str  # relative to the model folder; its weights are model.safetensors there
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
+    hidden_size: int  # the transformer's output width
+    pooling: Pooling | None  # None when the folder does not say
+    max_seq_length: int | None
+    usable_positions: int | None  # None when the architecture has no absolute position table
+    head: tuple[HeadModule, ...] = ()
+    do_lower_case: bool = False  # the Transformer module lowercases text before tokenizing
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+    def served_with(self, pooling_setting: str) -> "ModelDescription":
+        """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved
+        against the model's own Pooling module (mean where it has none)."""
+        pooling = self.pooling or Pooling(("mean",))
+        if pooling_setting != "auto":
+            pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)
+        return replace(self, pooling=pooling)
+
+    @property
+    def dimension(self) -> int:
+        """The served vector's width: the last Dense module's, else the pooled one."""
+        widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
+        return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
+
+    @property
+    def modules(self) -> list[str]:
+        """The pipeline as applied, for reports and /info."""
+        pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
+            if self.pooling else []
+        return ["Transformer", *pooling, *(_describe_head_module(m) for m in self.head)]
+
+
+def describe_model(model_dir: str | Path) -> ModelDescription:
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ModelFilesError(f"{model_dir} has no config.json: not a Hugging Face model folder")
+    config = _read_json(model_dir / "config.json")
+    check_architecture(config)
+    if not isinstance(config.get("hidden_size"), int):
+        raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
+    pooling, head = _read_pipeline(model_dir)
+    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
+        model_dir / "sentence_bert_config.json").is_file() else {}
+    prompts, default_prompt_name = _read_prompts(model_dir)
+    return ModelDescription(
+        model_type=str(config.get("model_type", "")),
+        hidden_size=config["hidden_size"],
+        pooling=pooling,
+        max_seq_length=int(transformer["max_seq_length"]) if transformer.get("max_seq_length") else None,
+        usable_positions=usable_positions(config),
+        head=head,
+        do_lower_case=bool(transformer.get("do_lower_case", False)),
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+    )
+
+
+def check_architecture(config: dict[str, Any]) -> None:
+    """Refuse what AutoModel cannot run as a plain encoder from the model's own weights."""
+    model_type = config.get("model_type", "?")
+    if config.get("is_encoder_decoder"):
+        raise ModelFilesError(f"'{model_type}' is an encoder-decoder model (T5-style); only encoder and "
+                              "decoder-only embedding models are supported")
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        remote = " and ships its own code (auto_map), which this server never runs" if config.get("auto_map") else ""
+        raise ModelFilesError(f"model_type '{model_type}' is not an architecture of the installed transformers"
+                              f"{remote}; see the README's list of supported families")
+
+
+def usable_positions(config: dict[str, Any]) -> int | None:
+    """Tokens per input the position embeddings allow; None for models without a position limit."""
+    table = config.get("max_position_embeddings")
+    if not isinstance(table, int) or table <= 0:
+        return None
+    if config.get("model_type") in PADDING_OFFSET_POSITIONS:
+        return table - int(config.get("pad_token_id") if config.get("pad_token_id") is not None else 1) - 1
+    return table
+
+
+def _read_pipeline(model_dir: Path) -> tuple[Pooling | None, tuple[HeadModule, ...]]:
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        return None, ()
+    modules = sorted(_read_json(modules_file), key=lambda m: int(m.get("idx", 0)))
+    pooling: Pooling | None = None
+    head: list[HeadModule] = []
+    for position, module in enumerate(modules):
+        kind, folder = _class_name(module), str(module.get("path") or "")
+        where = f"modules.json module {position} ({module.get('type')}, folder '{folder}')"
+        if kind == "Transformer":
+            if position != 0 or folder:
+                raise ModelFilesError(f"{where}: the Transformer must be the first module and live in the model "
+                                      "folder itself")
+        elif kind == "Pooling":
+            if pooling is not None or head:
+                raise ModelFilesError(f"{where}: a second Pooling, or Pooling after {', '.join(HEAD_MODULES)}, "
+                                      "is not supported")
+            pooling = _read_pooling(model_dir / folder)
+        elif kind in HEAD_MODULES:
+            if pooling is None:
+                raise ModelFilesError(f"{where}: {kind} before Pooling works on token embeddings; not supported")
+            config = _read_json(model_dir / folder / "config.json") if (model_dir / folder / "config.json").is_file() \
+                else {}
+            head.append(_check_head_module(HeadModule(kind, folder, config), where))
+        elif kind not in IDENTITY_MODULES:
+            raise ModelFilesError(f"{where}: this module type changes the vectors and is not supported; refusing "
+                                  "to serve the model without it (supported: Transformer, Pooling, "
+                                  f"{', '.join(HEAD_MODULES)}, Dropout)")
+    if pooling is None:
+        raise ModelFilesError("modules.json has no Pooling module: sentence-transformers gives no sentence "
+                              "embedding for this pipeline")
+    return pooling, tuple(head)
+
+
+def _class_name(module: dict[str, Any]) -> str:
+    kind = str(module.get("type", ""))
+    if not kind.startswith("sentence_transformers."):
+        raise ModelFilesError(f"modules.json module type '{kind}' is custom code, which this server never runs")
+    return kind.rsplit(".", 1)[-1]
+
+
+def _read_pooling(folder: Path) -> Pooling:
+    """sentence-transformers' rules: `pooling_mode` (a name or a list) wins; else the legacy
+    flags, concatenated in their fixed order; no mode at all means mean."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise ModelFilesError(f"modules.json names a Pooling module but {config_file} is missing")
+    config = _read_json(config_file)
+    declared = config.get("pooling_mode")
+    if declared is not None:
+        names = [declared] if isinstance(declared, str) else list(declared)
+        modes = tuple(_MODE_ALIASES.get(name, name) for name in names)
+    else:
+        modes = tuple(mode for flag, mode in _FLAG_TO_MODE.items() if config.get(flag)) or ("mean",)
+    unknown = [mode for mode in modes if mode not in POOLING_MODES]
+    if unknown or not modes:
+        raise ModelFilesError(f"{config_file}: pooling mode {unknown or declared!r} is not one of "
+                              f"{', '.join(POOLING_MODES)}")
+    return Pooling(modes, include_prompt=bool(config.get("include_prompt", True)))
+
+
+def _check_head_module(module: HeadModule, where: str) -> HeadModule:
+    config = module.config
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key, SENTENCE_EMBEDDING) not in (SENTENCE_EMBEDDING, None):
+            raise ModelFilesError(f"{where}: {key} '{config[key]}' works on token embeddings; not supported")
+    if module.kind == "Dense":
+        for key in ("in_features", "out_features"):
+            if not isinstance(config.get(key), int):
+                raise ModelFilesError(f"{where}: config.json has no integer '{key}'")
+        activation_class(config.get("activation_function"), where)
+    if module.kind == "LayerNorm" and not isinstance(config.get("dimension"), int):
+        raise ModelFilesError(f"{where}: config.json has no integer 'dimension'")
+    return module
+
+
+def activation_class(name: str | None, where: str = "Dense") -> type:
+    """A Dense module's activation: a torch.nn module class by its full name, as
+    sentence-transformers trusts without remote code; Tanh when the config names none."""
+    import torch
+
+    if name is None:
+        return torch.nn.Tanh
+    cls = getattr(torch.nn, name.rsplit(".", 1)[-1], None) if name.startswith("torch.nn.") else None
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise ModelFilesError(f"{where}: activation_function '{name}' is not a torch.nn module; not supported")
+    return cls
+
+
+def _describe_head_module(module: HeadModule) -> str:
+    if module.kind == "Dense":
+        activation = str(module.config.get("activation_function") or "Tanh").rsplit(".", 1)[-1]
+        residual = ", residual" if module.config.get("use_residual") else ""
+        return f"Dense({module.config['in_features']}->{module.config['out_features']}, {activation}{residual})"
+    if module.kind == "LayerNorm":
+        return f"LayerNorm({module.config['dimension']})"
+    return module.kind
+
+
+def _read_prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
+    config_file = model_dir / "config_sentence_transformers.json"
+    if not config_file.is_file():
+        return {}, None
+    config = _read_json(config_file)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ModelFilesError(f"{config_file}: 'prompts' must map names to strings")
+    default = config.get("default_prompt_name") or None
+    if default is not None and default not in prompts:
+        raise ModelFilesError(f"{config_file}: default_prompt_name '{default}' is not among the prompts")
+    return dict(prompts), default
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelFilesError(f"cannot read {path}: {err}") from None
+
+
+def resolve_max_length(setting: int, st_max_seq_length: int | None, tokenizer_limit: int | None,
+                       max_positions: int | None) -> int:
+    """The token limit per input: the setting, else sentence-transformers' max_seq_length (which
+    it applies over the tokenizer's own limit), else the tokenizer's; never beyond the positions
+    the architecture can use (XLM-R: 512 of its 514 position embeddings)."""
+    positions = max_positions or 10**9
+    if setting:
+        if setting > positions:
+            raise ValueError(f"handler setting 'max_length': {setting} exceeds the {positions} positions this "
+                             "model can use")
+        return setting
+    if not tokenizer_limit or tokenizer_limit > 10**6:  # transformers' "no limit" sentinel
+        tokenizer_limit = positions
+    return min(st_max_seq_length or tokenizer_limit, positions)

@@ -1,0 +1,92 @@
+"""The modules of a sentence-transformers pipeline that transform the pooled vector: Dense (a
+Linear, its activation, an optional residual), LayerNorm and Normalize, loaded from their folders'
+safetensors and run in float32 on the model's device, after pooling, as sentence-transformers
+runs them (LaBSE: CLS pooling, Dense with tanh, Normalize).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file
+
+from embedserve.handler.model.files import HeadModule, ModelFilesError, activation_class
+from embedserve.handler.model.pooling import l2_normalize
+
+
+class Dense(torch.nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, activation: torch.nn.Module,
+                 residual: bool):
+        super().__init__()
+        self.linear = torch.nn.Linear(in_features, out_features, bias=bias)
+        self.activation_function = activation  # sentence-transformers' name, so the weight names match
+        self.use_residual = residual
+        # A residual across a change of width goes through its own projection.
+        self.residual = torch.nn.Linear(in_features, out_features, bias=False) \
+            if residual and in_features != out_features else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.activation_function(self.linear(x))
+        if self.use_residual:
+            out = out + (self.residual(x) if self.residual is not None else x)
+        return out
+
+
+class Normalize(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return l2_normalize(x)
+
+
+class LayerNorm(torch.nn.Module):
+    def __init__(self, dimension: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dimension)  # sentence-transformers' eps, 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+def load_head(model_dir: Path, modules: Sequence[HeadModule], in_features: int,
+              device: torch.device) -> tuple[torch.nn.Sequential | None, int]:
+    """The modules in order, weights loaded strictly (None when the pipeline has none), and the
+    width of the vector they give."""
+    if not modules:
+        return None, in_features
+    layers = []
+    width = in_features
+    for module in modules:
+        config = module.config
+        if module.kind == "Dense":
+            if config["in_features"] != width:
+                raise ModelFilesError(f"{module.folder}: Dense takes {config['in_features']} features but the "
+                                      f"pipeline gives it {width}")
+            layer = Dense(width, config["out_features"], bool(config.get("bias", True)),
+                          activation_class(config.get("activation_function"), module.folder)(),
+                          bool(config.get("use_residual", False)))
+            width = config["out_features"]
+        elif module.kind == "LayerNorm":
+            if config["dimension"] != width:
+                raise ModelFilesError(f"{module.folder}: LayerNorm of {config['dimension']} features after a "
+                                      f"{width}-feature vector")
+            layer = LayerNorm(width)
+        else:
+            layer = Normalize()
+        _load_weights(layer, model_dir / module.folder)
+        layers.append(layer)
+    return torch.nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval(), width
+
+
+def _load_weights(layer: torch.nn.Module, folder: Path) -> None:
+    expected = set(layer.state_dict())
+    if not expected:
+        return
+    weights_file = folder / "model.safetensors"
+    if not weights_file.is_file():
+        raise ModelFilesError(f"{folder} has no model.safetensors for its {type(layer).__name__} module")
+    state = load_file(str(weights_file))
+    if set(state) != expected:
+        raise ModelFilesError(f"{weights_file} holds {sorted(state)}; the {type(layer).__name__} module needs "
+                              f"{sorted(expected)}")
+    layer.load_state_dict(state)

@@ -1,0 +1,139 @@
+"""Tokenization with the model's fast tokenizer: texts or token ids to model input ids.
+
+Texts are tokenized without special tokens, truncated on the requested side to leave room for
+them, and wrapped in the model's special tokens ([CLS] ... [SEP], <s> ... </s>, ... </s>, or the
+end-of-text token a decoder's tokenizer appends). This gives exactly what
+`tokenizer(text, truncation=True, max_length=...)` gives, for either truncation side per request,
+plus each input's full length for "too long" errors, without mutating any shared tokenizer state.
+
+A prompt is tokenized together with its text, as sentence-transformers does (`prompt + text`, one
+string: the tokens at the seam are the model's own), and truncation never cuts into it: on either
+side it cuts the text only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import Tokenizer, normalizers
+from transformers import AutoTokenizer
+
+from embedserve.handler.model.files import ModelFilesError
+
+
+def set_parallelism(enabled: bool) -> None:
+    """Whether the Rust tokenizer splits a batch over its own thread pool (process-wide; a
+    TOKENIZERS_PARALLELISM in the environment wins). A CPU worker owns one or two cores that
+    the model needs: there, a batch of short texts costs more in hand-offs between the pool's
+    threads than the pool saves (59 against 34 us a text, batches of 16 one-text requests)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if enabled else "false")
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    ids: list[int]  # model input, special tokens included, truncated
+    full_length: int  # the length it would have without truncation
+
+
+class TextTokenizer:
+    def __init__(self, model_dir: str | Path, lowercase: bool = False):
+        hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        if not isinstance(backend, Tokenizer):
+            raise ModelFilesError(f"{model_dir} has no fast tokenizer (tokenizer.json)")
+        # A private copy without the file's own truncation and padding: we do both ourselves.
+        self.backend = Tokenizer.from_str(backend.to_str())
+        self.backend.no_truncation()
+        self.backend.no_padding()
+        if lowercase:  # sentence-transformers' do_lower_case: a Lowercase normalizer in front
+            current = self.backend.normalizer
+            self.backend.normalizer = normalizers.Sequence(
+                [normalizers.Lowercase(), *([current] if current is not None else [])])
+        self.ascii_backend = self._ascii_backend(lowercase)
+        self.special_ids = frozenset(hf_tokenizer.all_special_ids)
+        self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
+        self.model_max_length = hf_tokenizer.model_max_length
+        pad_id = hf_tokenizer.pad_token_id
+        self.pad_id = pad_id if pad_id is not None else 0
+        self.prefix, self.suffix = self._special_tokens_around()
+
+    def _ascii_backend(self, lowercase: bool) -> Tokenizer | None:
+        """A copy for printable ASCII texts, where BERT's normalizer (control characters
+        removed, CJK characters spaced, accents stripped, lowercasing) comes down to lowercasing
+        or nothing: the same ids for nearly all English traffic at 16 instead of 25 us a short
+        text. None for other normalizers. Added tokens are matched as in the full tokenizer,
+        before normalizing or after it, as each is declared."""
+        serialized = self.backend.to_str()  # megabytes for a large vocabulary: once
+        normalizer = json.loads(serialized).get("normalizer") or {}
+        steps = normalizer.get("normalizers", [normalizer]) if normalizer.get("type") == "Sequence" else [normalizer]
+        if [step.get("type") for step in steps] not in (["BertNormalizer"], ["Lowercase", "BertNormalizer"]):
+            return None
+        copy = Tokenizer.from_str(serialized)
+        lower = lowercase or steps[-1].get("lowercase", True)
+        copy.normalizer = normalizers.Lowercase() if lower else None
+        return copy
+
+    def _special_tokens_around(self) -> tuple[list[int], list[int]]:
+        """The special ids the post-processor puts before and after one sequence."""
+        body = self.backend.encode("a", add_special_tokens=False)
+        full = self.backend.post_process(body, None, True).ids
+        for start in range(len(full) - len(body.ids) + 1):
+            if full[start : start + len(body.ids)] == body.ids:
+                return full[:start], full[start + len(body.ids) :]
+        raise ModelFilesError("cannot locate the text among the tokenizer's special tokens")
+
+    def body_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids without special tokens, nothing truncated."""
+        texts = list(texts)
+        if self.ascii_backend is None:
+            return _ids(self.backend, texts)
+        plain = [text.isascii() and text.isprintable() for text in texts]
+        if all(plain):
+            return _ids(self.ascii_backend, texts)
+        fast = iter(_ids(self.ascii_backend, [text for text, p in zip(texts, plain) if p]))
+        full = iter(_ids(self.backend, [text for text, p in zip(texts, plain) if not p]))
+        return [next(fast) if p else next(full) for p in plain]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def prompt_length(self, prompt: str) -> int:
+        """The prompt's tokens, special tokens in front included, the trailing one not: what
+        sentence-transformers leaves out of pooling when a Pooling module excludes the prompt."""
+        ids = self.prefix + self.body_ids([prompt])[0] + self.suffix
+        return len(ids) - 1 if ids and ids[-1] in self.special_ids else len(ids)
+
+    def assemble(self, body: Sequence[int], max_length: int, direction: str, keep: int = 0) -> Tokenized:
+        """Wrap a body in special tokens, cutting it on `direction` so the result fits max_length;
+        the first `keep` tokens of the body (a prompt) are never cut."""
+        specials = len(self.prefix) + len(self.suffix)
+        full_length = len(body) + specials
+        room = max(0, max_length - specials)
+        if len(body) > room:
+            keep = min(keep, room)
+            text_room = room - keep
+            if direction == "left":
+                body = list(body[:keep]) + list(body[len(body) - text_room :] if text_room else [])
+            else:
+                body = body[:room]
+        return Tokenized(self.prefix + list(body) + self.suffix, full_length)
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
+        """TEI's /tokenize answer: id, text, special, and character offsets per token."""
+        result = []
+        for encoding in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens):
+            result.append([
+                {"id": token_id, "text": text, "special": bool(special),
+                 "start": None if special else start, "stop": None if special else stop}
+                for token_id, text, special, (start, stop) in zip(
+                    encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets)
+            ])
+        return result
+
+
+def _ids(backend: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)] if texts else []

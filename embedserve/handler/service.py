@@ -1,0 +1,208 @@
+"""The embedding service: a batch of raw requests in, one response per request out.
+
+Server-agnostic: TorchServe's adapter (ts_handler.py) only moves bytes and statuses in and out.
+The stages run in the request's order: parse and prepare each request (prepare.py), admit what
+the batch's work budget holds (admission.py), embed the inputs of all admitted requests together,
+through the cache where there is one, then shape and encode each answer (output.py). A fault of
+one request is its own error response at every stage; `handle` never raises for one request.
+assembly.py builds the service and its parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from embedserve.handler.api.codec import Route, encode_error, encode_info, encode_tokens, parse_request
+from embedserve.handler.api.errors import RequestError, internal_error, overloaded, unavailable
+from embedserve.handler.api.output import RETRY_LATER, Outcome, answer, error_body, shape_vectors
+from embedserve.handler.api.prepare import Checked, Job, RequestPreparer
+from embedserve.handler.execution.encoder import Encoder
+from embedserve.handler.execution.faults import DeviceFailure
+from embedserve.handler.scheduling.admission import WorkBudget, admit, max_request_tokens
+from embedserve.handler.scheduling.cache import EmbeddingCache, embed_cached
+from embedserve.handler.scheduling.planner import flatten
+from embedserve.handler.settings import Settings
+from embedserve.handler.worker.failures import log_failure
+from embedserve.handler.worker.metrics import BatchReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    body: Any
+    content_type: str | None = None
+    url_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class EmbeddingService:
+    def __init__(self, preparer: RequestPreparer, encoder: Encoder, settings: Settings, *, model_name: str,
+                 cache: EmbeddingCache | None, info: Callable[[EmbeddingService], dict[str, Any]]):
+        """`info`: the /info body of a service, given by whoever assembled it and knows its parts."""
+        self.preparer = preparer
+        self.encoder = encoder
+        self.settings = settings
+        self.model_name = model_name
+        self.cache = cache
+        self._info = info
+        self.tokens_per_second: float | None = None  # measured at warm-up
+        self.budget: WorkBudget | None = None  # each batch's work; None until bound after warm-up
+
+    def with_encoder(self, encoder: Encoder) -> "EmbeddingService":
+        """This service's twin, embedding through `encoder` (its measured speed and work budget kept)."""
+        twin = EmbeddingService(self.preparer, encoder, self.settings, model_name=self.model_name, cache=self.cache,
+                                info=self._info)
+        twin.tokens_per_second, twin.budget = self.tokens_per_second, self.budget
+        return twin
+
+    @property
+    def batch_work_tokens(self) -> int | None:
+        return self.budget.tokens if self.budget else None
+
+    @property
+    def max_request_tokens(self) -> int:
+        return max_request_tokens(self.settings.max_tokens_per_request, self.budget)
+
+    def info(self) -> dict[str, Any]:
+        return self._info(self)
+
+    def handle(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
+        return self.handle_with_report(raw_requests)[0]
+
+    def handle_with_report(self, raw_requests: Sequence[RawRequest]) -> tuple[list[Response], BatchReport]:
+        report = BatchReport(requests=len(raw_requests), cache_enabled=self.cache is not None)
+        clock = time.perf_counter()
+        bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
+        checked: dict[int, Checked] = {}
+        for index, raw in enumerate(raw_requests):
+            request = None
+            try:
+                request = parse_request(raw.body, raw.content_type, raw.url_path)
+                if request.route is Route.TEI_INFO:
+                    bodies[index] = (200, encode_info(self.info()))
+                elif request.route is Route.TEI_TOKENIZE:
+                    bodies[index] = (200, encode_tokens(self.preparer.tokens(request)))
+                else:
+                    checked[index] = self.preparer.check(request)
+            except RequestError as err:
+                bodies[index] = error_body(err, request.route) if request else (err.http_status, encode_error(err))
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                failure = internal_error()
+                bodies[index] = error_body(failure, request.route) if request else (500, encode_error(failure))
+        jobs: dict[int, Job] = {}
+        for index, outcome in self.preparer.tokenize(checked, self.budget).items():
+            if isinstance(outcome, RequestError):
+                bodies[index] = error_body(outcome, checked[index].request.route)
+            else:
+                jobs[index] = outcome
+        report.prepare_ms, clock = _since(clock)
+
+        jobs = self._admit(jobs, bodies)
+        if jobs:
+            embedded = self._embed_isolated(list(jobs.items()), report)
+            report.model_ms, clock = _since(clock)
+            embedded = shape_vectors(jobs, embedded)
+            for index, job in jobs.items():
+                bodies[index] = answer(index, job, embedded[index], self.model_name)
+            report.encode_ms, clock = _since(clock)
+            report.inputs = sum(len(job.ids) for job in jobs.values())
+
+        headers = {"x-batch-size": str(len(raw_requests))}
+        for status, _ in bodies:
+            report.statuses[status] = report.statuses.get(status, 0) + 1
+        # Counts only: request text never reaches the logs.
+        log.debug("batch: %s", report)
+        return [Response(status, body, {**headers, **({"retry-after": "1"} if status in RETRY_LATER else {})})
+                for status, body in bodies], report
+
+    def _admit(self, jobs: dict[int, Job], bodies: list[tuple[int, bytes] | None]) -> dict[int, Job]:
+        """The requests this batch's work budget holds, in arrival order; the others are answered
+        503 with retry-after: they would have pushed the batch past the response timeout."""
+        admission = admit({index: job.tokens for index, job in jobs.items()}, self.budget)
+        for index, held in admission.refused.items():
+            bodies[index] = error_body(overloaded(
+                f"this worker's batch already holds {held} of the {self.budget.tokens} tokens it may embed "
+                "within the response timeout; retry the request"), jobs[index].request.route)
+        return {index: jobs[index] for index in admission.admitted}
+
+    def _embed_isolated(self, jobs: list[tuple[int, Job]], report: BatchReport) -> dict[int, Outcome]:
+        """Each request's vectors and its inputs that did not fit in memory, or its error. A
+        failure is traced to the requests that cause it by embedding the halves apart, so the
+        others still get their vectors; a vector that is not finite fails its request (and was
+        not cached). A device failure ends the batch: the worker is replaced."""
+        ids, spans = flatten([job.ids for _, job in jobs])
+        unpooled = [job.unpooled for _, job in jobs for _ in job.ids]
+        try:
+            vectors, unfit = self._embed(ids, unpooled, report) if self.cache is None else \
+                self._embed_cached(ids, unpooled, report)
+        except DeviceFailure:
+            raise
+        except Exception as err:
+            if len(jobs) > 1:
+                half = len(jobs) // 2
+                return {**self._embed_isolated(jobs[:half], report), **self._embed_isolated(jobs[half:], report)}
+            [(index, job)] = jobs
+            log_failure(f"embedding request {index} of the batch", err)
+            return {index: internal_error("the server failed to embed this request; the failure is logged")}
+        finite = torch.isfinite(vectors).all(dim=1).tolist()
+        outcomes: dict[int, Outcome] = {}
+        for (index, job), span in zip(jobs, spans):
+            own_unfit = frozenset(i - span.start for i in unfit if span.start <= i < span.stop)
+            broken = [i for i in range(span.stop - span.start) if not finite[span.start + i] and i not in own_unfit]
+            if broken:
+                log.error("request %d of the batch: the model gave a non-finite vector for its input %d",
+                          index, broken[0])
+                param = f"{job.request.field}[{broken[0]}]"
+                outcomes[index] = internal_error(f"the model gave a non-finite vector for '{param}', which is never "
+                                                 "served; the failure is logged", param=param)
+            else:
+                outcomes[index] = (vectors[span], own_unfit)
+        return outcomes
+
+    def _embed(self, ids: list[list[int]], unpooled: list[int], report: BatchReport
+               ) -> tuple[torch.Tensor, frozenset[int]]:
+        """Vectors in input order, and the inputs that did not fit in memory even alone."""
+        embedded = self.encoder.embed(ids, unpooled if any(unpooled) else None)
+        report.forward_passes += embedded.passes
+        report.real_tokens += embedded.real_tokens
+        report.padded_tokens += embedded.padded_tokens
+        return embedded.vectors, embedded.too_large
+
+    def _embed_cached(self, ids: list[list[int]], unpooled: list[int], report: BatchReport
+                      ) -> tuple[torch.Tensor, frozenset[int]]:
+        def embed(missing_ids: list[list[int]], missing_unpooled: list[int]) -> tuple[np.ndarray, frozenset[int]]:
+            vectors, unfit = self._embed(missing_ids, missing_unpooled, report)
+            return vectors.numpy(), unfit
+
+        rows, unfit = embed_cached(self.cache, ids, unpooled, embed, report, self.encoder.dimension)
+        return torch.from_numpy(rows), unfit
+
+    def failed(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
+        """500 for every request: what a worker answers when a batch fails outside every guard."""
+        body = encode_error(internal_error("the server failed to answer this batch; the failure is logged"))
+        return [Response(500, body) for _ in raw_requests]
+
+    def unavailable(self, raw_requests: Sequence[RawRequest], reason: str) -> list[Response]:
+        """503 for every request: what a worker answers after its device failed."""
+        body = encode_error(unavailable(f"{reason}; this worker is being replaced, retry the request"))
+        return [Response(503, body, {"retry-after": "1"}) for _ in raw_requests]
+
+
+def _since(clock: float) -> tuple[float, float]:
+    """Milliseconds since `clock`, and the new clock."""
+    now = time.perf_counter()
+    return (now - clock) * 1000, now

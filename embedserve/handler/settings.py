@@ -1,0 +1,197 @@
+"""Handler settings: the `handler:` section of model-config.yaml, validated once at start-up.
+
+A bad value raises SettingsError naming the key, so the worker stops with a message an
+operator can act on instead of failing later on the first request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from embedserve.handler.model.files import POOLING_MODES
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+ENGINES = ("auto", "torch", "onnxruntime")
+POOLINGS = ("auto", *POOLING_MODES)
+
+
+class SettingsError(ValueError):
+    """A setting in the `handler:` section is unknown or has an invalid value."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"handler setting '{key}': {problem}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Where the model files live, relative to the unpacked .mar.
+    model_path: str = "model"
+    # "auto": the GPU TorchServe assigned to this worker when CUDA is available, else CPU.
+    device: str = "auto"
+    # "auto": float16 on CUDA, float32 on CPU. "int8" (CPU only): dynamic int8 quantization of
+    # the matrix multiplications, calibrated at build time: ONNX Runtime's on the build's
+    # transformer.int8.onnx, else torch's, of every Linear but those in int8_fp32_layers.
+    dtype: str = "auto"
+    # Under torch int8: the Linear layers kept in float32, chosen by the build's calibration (the
+    # ones whose quantization costs the most accuracy).
+    int8_fp32_layers: tuple[str, ...] = ()
+    # What runs the transformer. "auto": ONNX Runtime on a CPU, for float32 or int8, where the
+    # archive holds the build's export (transformer.onnx, transformer.int8.onnx), else PyTorch.
+    # "torch" always; "onnxruntime" requires the export and a CPU (embedserve/handler/backends/onnx_runtime.py).
+    engine: str = "auto"
+    # "auto": read from the model's sentence-transformers files, else mean; or one of
+    # POOLING_MODES, which replaces the modes of the model's own Pooling module.
+    pooling: str = "auto"
+    normalize: bool = True
+    # Token limit per input; 0 means the model's own (sentence-transformers max_seq_length,
+    # else the tokenizer's limit capped by the position embeddings).
+    max_length: int = 0
+    # Each forward pass holds at most this many padded tokens (longest x count); 0 picks per
+    # device: small passes stay in cache on a CPU, large ones fill a GPU ...
+    max_batch_tokens: int = 0
+    # ... and at most this many sequences.
+    max_batch_size: int = 256
+    # What one more forward pass costs, in padded tokens, when the planner weighs fewer passes
+    # against less padding; 0 means measured at warm-up (32 when warm-up is off).
+    pass_overhead_tokens: int = 0
+    # Torch intra-op threads per worker; 0 means CPU cores divided by the worker count.
+    cpu_threads: int = 0
+    # With automatic cpu_threads, a CPU worker runs each forward pass of up to 1024 tokens on
+    # every CPU no other worker is using or waiting for (embedserve/handler/worker/cpu_lending.py).
+    lend_idle_cpus: bool = True
+    # Run one embedding in initialize so a READY worker has really embedded.
+    warmup: bool = True
+    # Truncate inputs longer than max_length (a request may override it with `truncate`);
+    # when off, a longer input is refused with 413.
+    truncate: bool = True
+    # A prompt prepended to every text whose request names no `prompt_name`; empty means the
+    # model's default prompt (sentence-transformers `default_prompt_name`), if any.
+    prompt: str = ""
+    # Per-request limits, each refused with 413 naming it.
+    max_inputs_per_request: int = 4096
+    max_input_chars: int = 100_000  # checked before tokenizing
+    max_tokens_per_request: int = 1_048_576  # after truncation, prompts included
+    # The largest answer TorchServe passes on (its max_response_size, which the build sets so the
+    # limits above fit at the model's dimension): a request whose answer could be larger is
+    # refused with 413 before anything is computed, instead of the frontend dropping the worker.
+    max_response_bytes: int = 6_553_600
+    # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
+    # (pairs over max_batch_tokens or the position embeddings are skipped) and replay it for
+    # passes that fit a bucket; a bucket whose pass needs more than cuda_graph_max_mb runs eagerly,
+    # and a model whose forward synchronizes, or a failed capture, leaves every pass eager
+    # (embedserve/handler/backends/cuda_graphs.py). Packed passes are captured per size
+    # in total tokens instead (embedserve/handler/backends/packed_graphs.py). Ignored on a CPU.
+    cuda_graphs: bool = False
+    cuda_graph_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    cuda_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    cuda_graph_max_mb: int = 2048
+    # torch.compile the model (dynamic shapes); start-up takes longer.
+    compile: bool = False
+    # Run passes packed (embedserve/handler/backends/packed.py): the real tokens of a pass concatenated, no padding
+    # computed, on the torch engine; used where the architecture is supported (BERT, RoBERTa,
+    # XLM-R, MPNet) and a start-up check agrees with the padded pass, else passes are padded.
+    # With cuda_graphs on a GPU, packed passes replay graphs over total tokens
+    # (embedserve/handler/backends/packed_graphs.py). Off by default: on a CPU ONNX Runtime's padded passes measured
+    # faster end to end (docs/performance.md); on a GPU it is not measured yet (make bench-gpu).
+    packed: bool = False
+    # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded
+    # also in memory ...
+    cache_entries: int = 0
+    cache_max_mb: int = 256
+    # ... and/or a Redis shared by workers and replicas ("": off; redis://, rediss:// or
+    # unix:// URL; the environment variable EMBEDSERVE_REDIS_URL overrides it). Entries expire
+    # after redis_ttl_s. A Redis call slower than redis_timeout_ms counts as a failure; after
+    # one, the worker serves uncached for redis_retry_s before trying Redis again.
+    redis_url: str = ""
+    redis_ttl_s: int = 86_400
+    redis_timeout_ms: int = 100
+    redis_retry_s: int = 10
+    # What /info reports; written by the build.
+    model_id: str = ""
+    revision: str = ""
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any] | None) -> "Settings":
+        section = dict(section or {})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - set(fields))
+        if unknown:
+            raise SettingsError(unknown[0], f"unknown setting; known: {', '.join(sorted(fields))}")
+        values = {name: _coerce(name, value, type(fields[name].default)) for name, value in section.items()}
+        settings = cls(**values)
+        settings._validate()
+        return settings
+
+    def _validate(self) -> None:
+        if not self.model_path:
+            raise SettingsError("model_path", "must not be empty")
+        if not (self.device in DEVICES or self.device.startswith("cuda:")):
+            raise SettingsError("device", f"'{self.device}' is not one of {', '.join(DEVICES)} or cuda:N")
+        _require_choice("dtype", self.dtype, DTYPES)
+        _require_choice("pooling", self.pooling, POOLINGS)
+        _require_choice("engine", self.engine, ENGINES)
+        if self.max_length < 0:
+            raise SettingsError("max_length", "must be >= 0 (0 means the model's limit)")
+        if self.max_batch_tokens < 0:
+            raise SettingsError("max_batch_tokens", "must be >= 0 (0 means automatic)")
+        for key in ("max_batch_size", "max_inputs_per_request", "max_input_chars", "max_tokens_per_request",
+                    "max_response_bytes", "cuda_graph_max_mb", "cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
+            if getattr(self, key) < 1:
+                raise SettingsError(key, "must be >= 1")
+        if self.cpu_threads < 0:
+            raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
+        if self.pass_overhead_tokens < 0:
+            raise SettingsError("pass_overhead_tokens", "must be >= 0 (0 means measured at warm-up)")
+        if not all(isinstance(name, str) for name in self.int8_fp32_layers):
+            raise SettingsError("int8_fp32_layers", "must be a list of layer names")
+        for key in ("cuda_graph_batches", "cuda_graph_lengths"):
+            if not getattr(self, key) or any(not isinstance(v, int) or v < 1 for v in getattr(self, key)):
+                raise SettingsError(key, "must be a non-empty list of positive integers")
+        if self.cache_entries < 0:
+            raise SettingsError("cache_entries", "must be >= 0 (0 turns the in-process cache off)")
+        if self.redis_retry_s < 0:
+            raise SettingsError("redis_retry_s", "must be >= 0")
+        check_redis_url("redis_url", self.redis_url)
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(key: str, url: str) -> None:
+    if url and not url.startswith(REDIS_SCHEMES):
+        raise SettingsError(key, f"must start with {', '.join(REDIS_SCHEMES)} (or be empty to turn Redis off)")
+
+
+def _require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SettingsError(key, f"'{value}' is not one of {', '.join(choices)}")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    # YAML already types most values; accept the obvious string spellings too.
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise SettingsError(key, f"expected true or false, got {value!r}")
+    if kind is tuple:  # a list of strings, or of integers
+        if isinstance(value, (list, tuple)) and (all(isinstance(v, str) for v in value) or all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value)):
+            return tuple(value)
+        raise SettingsError(key, f"expected a list of strings or of integers, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise SettingsError(key, f"expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        raise SettingsError(key, f"expected an integer, got {value!r}")
+    if not isinstance(value, str):
+        raise SettingsError(key, f"expected a string, got {value!r}")
+    return value

@@ -1,0 +1,141 @@
+"""TorchServe entry point: the only module that knows TorchServe.
+
+It reads settings from the model's model-config.yaml, assembles the service, and in `handle`
+moves each request's body and headers in and each response's status, headers and body out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from ts.context import Context
+from ts.metrics.dimension import Dimension
+from ts.metrics.metric_type_enum import MetricTypes
+
+from embedserve.handler.assembly import assemble
+from embedserve.handler.execution.faults import DeviceFailure
+from embedserve.handler.service import EmbeddingService, RawRequest, Response
+from embedserve.handler.settings import Settings
+from embedserve.handler.worker.allocator import FreedMemory, pin_mmap_threshold
+from embedserve.handler.worker.busy import BusyMark
+from embedserve.handler.worker.failures import log_failure
+from embedserve.handler.worker.metrics import BatchReport, MetricBuffer, Row
+
+log = logging.getLogger(__name__)
+
+# After a device failure the worker answers its batch, then exits this long after, so that the
+# answers leave first and TorchServe starts a fresh worker (a fresh CUDA context).
+EXIT_AFTER_DEVICE_FAILURE_S = 0.5
+
+# TorchServe's own default when model-config.yaml sets none.
+DEFAULT_RESPONSE_TIMEOUT_S = 120
+
+METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGRAM}
+
+
+class EmbeddingHandler:
+    def __init__(self) -> None:
+        self.service: EmbeddingService | None = None
+        self.initialized = False
+        self.device_failure: str | None = None
+        self.busy: BusyMark | None = None
+        self.freed_memory = FreedMemory()
+        self.metrics = MetricBuffer(self._send_metrics)
+        self.context: Context | None = None  # the latest batch's, which metric lines are sent through
+
+    def initialize(self, context: Context) -> None:
+        started = time.perf_counter()
+        pin_mmap_threshold()  # before the model's memory is allocated
+        config = context.model_yaml_config or {}
+        settings = Settings.from_mapping(config.get("handler"))
+        properties = context.system_properties
+        self.service = assemble(
+            Path(properties["model_dir"]) / settings.model_path,
+            settings,
+            model_name=context.model_name,
+            gpu_id=properties.get("gpu_id"),
+            workers=int(config.get("minWorkers") or 1),
+            response_timeout_s=float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S),
+        )
+        self.busy = BusyMark()
+        self.initialized = True
+        info = self.service.info()
+        log.info(
+            "model %s ready: device=%s dtype=%s engine=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
+            context.model_name, info["device"], info["model_dtype"], info["engine"],
+            self.service.encoder.placement.cpu_threads, info["pooling"], info["max_input_length"],
+            info["embedding_dimension"], time.perf_counter() - started,
+        )
+
+    def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
+        with self.busy.held():  # a stopping server waits for this batch's answers
+            answers = self._handle(data, context)
+        self.freed_memory.release()
+        return answers
+
+    def _handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
+        raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
+        if self.device_failure is None:
+            try:
+                responses, report = self.service.handle_with_report(raw)
+            except DeviceFailure as err:
+                self.device_failure = "the worker's device failed"
+                log.critical("device failure (%s); this worker exits and TorchServe replaces it", err)
+                threading.Timer(EXIT_AFTER_DEVICE_FAILURE_S, os._exit, args=(3,)).start()
+            except Exception as err:  # the service answers per request; this is the last line, never TorchServe's 503
+                log_failure("the batch (every request of it is answered 500)", err)
+                responses = self.service.failed(raw)
+                report = BatchReport(requests=len(raw), statuses={500: len(raw)})
+        if self.device_failure is not None:
+            responses = self.service.unavailable(raw, self.device_failure)
+            report = BatchReport(requests=len(raw), statuses={503: len(raw)})
+        self.context = context
+        self.metrics.add(report)
+        self._reply(responses, context)
+        return [response.body for response in responses]
+
+    @staticmethod
+    def _reply(responses: list[Response], context: Context) -> None:
+        for idx, response in enumerate(responses):
+            context.set_response_content_type(idx, "application/json")
+            if response.status != 200:
+                # The reason phrase is fixed ASCII; the detail is in the JSON body.
+                context.set_response_status(response.status, HTTPStatus(response.status).phrase, idx)
+            for key, value in response.headers.items():
+                context.set_response_header(idx, key, value)
+
+    def _send_metrics(self, rows: list[Row]) -> None:
+        """One TorchServe metric line per row (it tags them with the latest batch's request ids)."""
+        for spec, value, dimension_values in rows:
+            # A fresh list each call: TorchServe appends its default dimensions to the one given.
+            dimensions = [Dimension(name, label) for name, label in zip(spec.dimensions, dimension_values)]
+            self.context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,
+                                            metric_type=METRIC_TYPES[spec.kind])
+
+
+def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:
+    # A plain POST body arrives as the parameter "body" (or "data" from some clients).
+    body = row.get("body", row.get("data"))
+    return RawRequest(body=body, content_type=_content_type(idx, context), url_path=_header(idx, context, "url_path"))
+
+
+def _content_type(idx: int, context: Context) -> str | None:
+    # TorchServe records the body parameter's content type under the parameter's name.
+    for name in ("body", "data"):
+        parameter = context.get_request_header(idx, name)
+        if isinstance(parameter, dict) and parameter.get("content-type"):
+            return parameter["content-type"]
+    return _header(idx, context, "content-type")
+
+
+def _header(idx: int, context: Context, name: str) -> str | None:
+    for key, value in context.get_all_request_header(idx).items():
+        if key.lower() == name and isinstance(value, str):
+            return value
+    return None
