@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.gpu import GRAPHS_MAX_REL_ERROR, compare
+from bench.gpu.correctness import compare
+from bench.gpu.report import GRAPHS_MAX_REL_ERROR
 from embedserve.handler.assembly import assemble
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings

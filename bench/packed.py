@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import MODEL_ID, fetch_default_model
+from bench import serving
 from bench.cpu_kernels import exported_copy
 from bench.inprocess import cosine_stats, load_engine
 from embedserve.handler.model.packed_forward import GROUPED_SDPA, grouped_attention, length_groups, pack
@@ -234,15 +235,14 @@ def compare_engines(model_dir: Path, texts: list[str], rounds: int) -> dict:
 def end_to_end(seconds: float, pairs: int = 2) -> list[dict]:
     """Packed and default (ONNX Runtime, padded) builds served by the real TorchServe in turns,
     `pairs` times: the mixed corpus, one text per request, at 1 and 64 clients."""
-    from bench.run import _end_to_end
-
     model_dir = fetch_default_model()
     tokenizer = load_tokenizer(model_dir / "tokenizer.json")
     corpora = {"mixed": mixed_corpus(model_dir / "tokenizer.json", 2048)}
     tokens = {"mixed": [len(tokenizer.encode(text).ids) for text in corpora["mixed"]]}
     runs = []
     for settings in (["packed=true"], []) * pairs:
-        rows = _end_to_end("float32", corpora, tokens, [("mixed", 1, 1), ("mixed", 64, 1)], seconds, settings=settings)
+        rows = serving.end_to_end("float32", corpora, tokens, [("mixed", 1, 1), ("mixed", 64, 1)], seconds,
+                                  settings=settings)
         runs.append({"build": settings[0] if settings else "default",
                      "rows": [{key: row[key] for key in ("concurrency", "texts_per_s", "p50_ms", "p99_ms")} for row in rows]})
     return runs

@@ -14,7 +14,7 @@
    int8 against fp32 with both served at once, in turns; then fp32 again with CPU lending
    between workers off, and with the torch engine. Each server is first warmed up at 64 clients
    and at one client, those it is measured at (bench/load.py); the target shapes (1 and 64
-   clients, 1 text per request) are the median of 3 runs.
+   clients, 1 text per request) are the median of 3 runs (bench/serving.py).
 5. `max_batch_delay` at 1, 4, 16 and 64 clients (bench/batch_delay.py), and the per-request
    path: the handler on a near-free model against a no-op handler (bench/request_path.py).
 Results go to `<out>/bench.json` and `<out>/bench.png`; the targets are checked at the end.
@@ -30,12 +30,10 @@ import platform
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from embedserve.archive.build import main as build_main
 from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.int8_calibration import calibrate
@@ -46,17 +44,12 @@ from bench.inprocess import (
     matmul_gflops,
 )
 from bench.load import WARMUP_SECONDS, run_load, warm_up
-from embedserve.scripts.serverctl import TorchServe, isolated_config
+from bench.serving import end_to_end, serve_build
 
 REPO = Path(__file__).resolve().parent.parent
 CONCURRENCIES = (1, 4, 16, 64)
 TEXTS_PER_REQUEST = (1, 32)
 FIXED_LENGTH = 64
-# The shapes the targets are checked on, (clients, texts per request), are run REPEATS times
-# and the median run is kept: the machine is shared, and single runs of one scenario differ
-# by up to 15%.
-TARGET_SHAPES = {(64, 1), (1, 1)}
-REPEATS = 3
 # int8 against fp32: rounds of one run of each, both servers up (_int8_against_fp32).
 INT8_ROUNDS = 3
 DEFAULT_DELAY_MS = 1  # the build's --max-batch-delay default
@@ -119,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for dtype in ("float32", "int8"):
         scenarios = _scenarios() if dtype == "float32" else [("mixed", 64, 1), ("fixed", 64, 1)]
-        results["end_to_end"][dtype] = _end_to_end(dtype, corpora, tokens, scenarios, args.seconds)
+        results["end_to_end"][dtype] = end_to_end(dtype, corpora, tokens, scenarios, args.seconds)
     results["int8_against_float32"] = _int8_against_fp32(corpora, tokens, args.seconds)
     # The same fp32 server with workers that never lend each other idle CPUs.
-    results["end_to_end"]["float32_no_lending"] = _end_to_end(
+    results["end_to_end"]["float32_no_lending"] = end_to_end(
         "float32", corpora, tokens, [("mixed", c, 1) for c in CONCURRENCIES], args.seconds,
         settings=["lend_idle_cpus=false"])
     # The same fp32 server on the torch engine: what ONNX Runtime changed end to end.
-    results["end_to_end"]["float32_torch"] = _end_to_end(
+    results["end_to_end"]["float32_torch"] = end_to_end(
         "float32", corpora, tokens, [(corpus, c, 1) for corpus in ("mixed", "fixed") for c in (1, 64)], args.seconds,
         settings=["engine=torch"])
     print("max_batch_delay sweep ...", file=sys.stderr)
@@ -151,54 +144,12 @@ def _scenarios() -> list[tuple[str, int, int]]:
     return [(corpus, c, n) for corpus in ("fixed", "mixed") for n in TEXTS_PER_REQUEST for c in CONCURRENCIES]
 
 
-@contextmanager
-def _serving(dtype: str, corpora: dict, tokens: dict, concurrencies, settings: tuple[str, ...] | list[str] = ()):
-    """A TorchServe of its own serving a fresh `dtype` build: (predictions URL, auth). It is warmed
-    up (bench/load.py) at each of the `concurrencies` it will be measured at that has a warm-up."""
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        root = Path(tmp)
-        config = isolated_config(root, REPO / "config.properties", async_logging="true")
-        code = build_main(["--dtype", dtype, "--export-path", str(root / "model_store"), "--config", str(config),
-                           *(arg for setting in settings for arg in ("--set", setting))])
-        if code != 0:
-            raise SystemExit(f"building the {dtype} archive failed")
-        server = TorchServe(config, root)
-        server.start()
-        try:
-            server.wait_ready(timeout=600)
-            url = f"{server.url('inference')}/predictions/minilm"
-            # The first seconds of a load run slower (the frontend's JIT, first-seen shapes);
-            # no scenario should pay for that.
-            warm_up(url, server.auth(), corpora["mixed"], tokens["mixed"],
-                    seconds={c: s for c, s in WARMUP_SECONDS.items() if c in concurrencies})
-            yield url, server.auth()
-        finally:
-            server.stop()
-
-
-def _end_to_end(dtype: str, corpora: dict, tokens: dict, scenarios, seconds: float,
-                settings: tuple[str, ...] | list[str] = ()) -> list[dict]:
-    rows = []
-    concurrencies = {concurrency for _, concurrency, _ in scenarios}
-    with _serving(dtype, corpora, tokens, concurrencies, settings) as (url, auth):
-        for corpus, concurrency, per_request in scenarios:
-            print(f"end to end {' '.join([dtype, *settings])}: {corpus}, {concurrency} clients, "
-                  f"{per_request} texts/request ...", file=sys.stderr)
-            runs = []
-            for _ in range(REPEATS if (concurrency, per_request) in TARGET_SHAPES else 1):
-                runs.append(run_load(url, auth, corpora[corpus], tokens[corpus], concurrency=concurrency,
-                                     texts_per_request=per_request, seconds=seconds).summary())
-                time.sleep(1.0)
-            rows.append({"corpus": corpus, **_median_run(runs)})
-    return rows
-
-
 def _int8_against_fp32(corpora: dict, tokens: dict, seconds: float, rounds: int = INT8_ROUNDS) -> dict:
     """int8 against fp32 end to end, minute by minute: both builds served at once (the idle one
     only waits), a run of each in turn per round at 64 clients, one mixed text per request.
     Servers measured minutes apart drift apart with the shared machine; runs side by side do not."""
     texts_per_s: dict[str, list[float]] = {"float32": [], "int8": []}
-    with _serving("float32", corpora, tokens, {64}) as fp32, _serving("int8", corpora, tokens, {64}) as int8:
+    with serve_build("float32", corpora, tokens, {64}) as fp32, serve_build("int8", corpora, tokens, {64}) as int8:
         # Warm again: the fp32 server idled while the int8 one was built and warmed up.
         warm_up(*fp32, corpora["mixed"], tokens["mixed"], seconds={64: WARMUP_SECONDS[64]})
         for round_ in range(rounds):
@@ -211,14 +162,6 @@ def _int8_against_fp32(corpora: dict, tokens: dict, seconds: float, rounds: int 
     ratios = [round(b / a, 3) for a, b in zip(texts_per_s["float32"], texts_per_s["int8"])]
     return {"corpus": "mixed", "concurrency": 64, "texts_per_request": 1, "texts_per_s": texts_per_s,
             "ratios": ratios, "median_ratio": sorted(ratios)[len(ratios) // 2]}
-
-
-def _median_run(runs: list[dict]) -> dict:
-    """The run with the median throughput, and every run's throughput and p50 beside it."""
-    median = sorted(runs, key=lambda r: r["texts_per_s"])[len(runs) // 2]
-    if len(runs) == 1:
-        return median
-    return {**median, "runs_texts_per_s": [r["texts_per_s"] for r in runs], "runs_p50_ms": [r["p50_ms"] for r in runs]}
 
 
 def _row(rows: list[dict], corpus: str, concurrency: int, per_request: int) -> dict:

@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.gpu import PeakMemory, check_targets, compare, plot, write_fp16_copy
+from bench.gpu.correctness import compare
+from bench.gpu.engines import PeakMemory
+from bench.gpu.models import write_fp16_copy
+from bench.gpu.report import check_targets, plot
 
 REPO = Path(__file__).resolve().parent.parent
 

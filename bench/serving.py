@@ -1,0 +1,78 @@
+"""Builds served by a real TorchServe of their own, and closed-loop load runs against them.
+
+Shared by the benchmark (bench/run.py) and the packed-passes comparison (bench/packed.py), which
+both measure builds end to end the same way: a fresh archive, a warmed-up server, and the target
+shapes run several times with the median run kept.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from embedserve.archive.build import main as build_main
+from bench.load import WARMUP_SECONDS, run_load, warm_up
+from embedserve.scripts.serverctl import TorchServe, isolated_config
+
+REPO = Path(__file__).resolve().parent.parent
+# The shapes the targets are checked on, (clients, texts per request), are run REPEATS times
+# and the median run is kept: the machine is shared, and single runs of one scenario differ
+# by up to 15%.
+TARGET_SHAPES = {(64, 1), (1, 1)}
+REPEATS = 3
+
+
+@contextmanager
+def serve_build(dtype: str, corpora: dict, tokens: dict, concurrencies,
+                settings: tuple[str, ...] | list[str] = ()):
+    """A TorchServe of its own serving a fresh `dtype` build: (predictions URL, auth). It is warmed
+    up (bench/load.py) at each of the `concurrencies` it will be measured at that has a warm-up."""
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        root = Path(tmp)
+        config = isolated_config(root, REPO / "config.properties", async_logging="true")
+        code = build_main(["--dtype", dtype, "--export-path", str(root / "model_store"), "--config", str(config),
+                           *(arg for setting in settings for arg in ("--set", setting))])
+        if code != 0:
+            raise SystemExit(f"building the {dtype} archive failed")
+        server = TorchServe(config, root)
+        server.start()
+        try:
+            server.wait_ready(timeout=600)
+            url = f"{server.url('inference')}/predictions/minilm"
+            # The first seconds of a load run slower (the frontend's JIT, first-seen shapes);
+            # no scenario should pay for that.
+            warm_up(url, server.auth(), corpora["mixed"], tokens["mixed"],
+                    seconds={c: s for c, s in WARMUP_SECONDS.items() if c in concurrencies})
+            yield url, server.auth()
+        finally:
+            server.stop()
+
+
+def end_to_end(dtype: str, corpora: dict, tokens: dict, scenarios, seconds: float,
+               settings: tuple[str, ...] | list[str] = ()) -> list[dict]:
+    """One server for all `scenarios` (corpus, clients, texts per request): a row for each, the
+    median of REPEATS runs for the target shapes."""
+    rows = []
+    concurrencies = {concurrency for _, concurrency, _ in scenarios}
+    with serve_build(dtype, corpora, tokens, concurrencies, settings) as (url, auth):
+        for corpus, concurrency, per_request in scenarios:
+            print(f"end to end {' '.join([dtype, *settings])}: {corpus}, {concurrency} clients, "
+                  f"{per_request} texts/request ...", file=sys.stderr)
+            runs = []
+            for _ in range(REPEATS if (concurrency, per_request) in TARGET_SHAPES else 1):
+                runs.append(run_load(url, auth, corpora[corpus], tokens[corpus], concurrency=concurrency,
+                                     texts_per_request=per_request, seconds=seconds).summary())
+                time.sleep(1.0)
+            rows.append({"corpus": corpus, **_median_run(runs)})
+    return rows
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median throughput, and every run's throughput and p50 beside it."""
+    median = sorted(runs, key=lambda r: r["texts_per_s"])[len(runs) // 2]
+    if len(runs) == 1:
+        return median
+    return {**median, "runs_texts_per_s": [r["texts_per_s"] for r in runs], "runs_p50_ms": [r["p50_ms"] for r in runs]}
