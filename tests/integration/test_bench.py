@@ -41,7 +41,7 @@ def test_load_generator_against_the_server(server, tiny_model_dir):
 
 def test_planner_bench_compares_least_cost_with_filled_passes(tiny_model_dir):
     from bench.inprocess import bench_planner
-    from tests.conftest import make_engine
+    from tests.support.engines import make_engine
 
     engine = make_engine(tiny_model_dir, max_batch_tokens=512, pass_overhead_tokens=16)
     texts = [" ".join(["word"] * n) for n in (2, 40, 3, 7, 50, 12, 5, 30) * 8]

@@ -14,8 +14,7 @@ from bench.gpu.correctness import compare
 from bench.gpu.engines import PeakMemory
 from bench.gpu.models import write_fp16_copy
 from bench.gpu.report import check_targets, plot
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 import requests
 
-from tests.conftest import serving
-from tests.test_fuzz import Served, run_volume
-from tests.test_server import concurrently
+from tests.support.client import concurrently
+from tests.support.fuzz import Served, run_volume
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.integration
 

@@ -40,11 +40,11 @@ from referencing import Registry, Resource
 
 from embedserve.archive.metrics_config import metrics_config
 from embedserve.archive.ts_config import read_properties
-from scripts import probe
+from embedserve.scripts import probe
 from embedserve.scripts.serverctl import TorchServe, free_port, isolated_config
-from tests.conftest import build, make_server_config
+from tests.support import REPO
+from tests.support.serving import build, make_server_config
 
-REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "deploy" / "k8s"
 KSERVE = REPO / "deploy" / "kserve"
 CONTAINER = REPO / "deploy" / "container"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
+
 FAMILIES = ("bert_dense", "qwen3")  # one with packed passes, one that falls back to padded ones
 
 

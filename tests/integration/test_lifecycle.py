@@ -16,7 +16,7 @@ from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.stage import stage_model
 from embedserve.archive.ts_config import register_model
 from embedserve.scripts.serverctl import ServerError, TorchServe
-from tests.conftest import build, make_server_config
+from tests.support.serving import build, make_server_config
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from scripts import loadtest
-from tests.conftest import REPO
+from embedserve.scripts import loadtest
+from tests.support import REPO
 
 ROUTES = ("native", "openai", "tei")
 

@@ -1,42 +1,13 @@
 """The real all-MiniLM-L6-v2 through TorchServe against sentence-transformers in-process."""
 
-import random
-
 import numpy as np
 import pytest
 import requests
 
 from embedserve.archive.default_model import fetch_default_model
+from tests.support.inputs import varied_texts
 
 pytestmark = pytest.mark.integration
-
-SENTENCES = [
-    "A man is eating food.",
-    "The new movie is awesome!",
-    "Embeddings map text to vectors that capture meaning.",
-    "¿Dónde está la biblioteca?",
-    "Ich liebe maschinelles Lernen und große Sprachmodelle.",
-    "東京は日本の首都です。",
-    "Москва — столица России.",
-    "emoji 🚀🔥 and symbols ∑∫√ mixed with text",
-    "x",
-    "OK",
-    "   leading and trailing spaces   ",
-    "Line one\nLine two\tTabbed",
-    "URLs like https://example.com/path?q=1 and e-mails like a@b.co",
-    "Numbers 3.14159 2.71828 1e-10 and 42",
-]
-
-
-def varied_texts(count=120, seed=7):
-    """Short, long (past the 256-token limit) and non-ASCII texts, deterministic."""
-    rng = random.Random(seed)
-    words = " ".join(SENTENCES).split()
-    texts = list(SENTENCES)
-    while len(texts) < count:
-        length = rng.choice([1, 3, 8, 20, 60, 150, 400])
-        texts.append(" ".join(rng.choice(words) for _ in range(length)))
-    return texts
 
 
 def test_minilm_matches_sentence_transformers(server):

@@ -12,9 +12,8 @@ import openai
 import pytest
 import requests
 
-from tests.conftest import serving
-from tests.model_families import FAMILIES
-from tests.test_model_families import MIN_COSINE, TEXTS, min_cosine, st_on_ids
+from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine, st_on_ids
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,8 @@ import pytest
 import requests
 
 from embedserve.scripts.serverctl import free_port
-from tests.conftest import REPO, serving
+from tests.support import REPO
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.integration
 

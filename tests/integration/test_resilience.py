@@ -21,7 +21,7 @@ from embedserve.archive.corpus import fixed_corpus
 from bench.load import run_load
 from bench.recovery import model_workers, wait_replaced
 from embedserve.scripts.serverctl import TorchServe
-from tests.conftest import serving
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.integration
 

@@ -2,10 +2,8 @@
 
 import base64
 import json
-import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -13,30 +11,12 @@ import openai
 import pytest
 import requests
 
-from embedserve.handler.worker.metrics import COUNTER_FLUSH_S
-from tests.conftest import TINY_BATCH_SIZE, make_engine
-from tests.test_engine import TEXTS
+from tests.support.client import (concurrently, metric_growth, metric_samples, metric_samples_after, predict,
+                                  vectors)
+from tests.support.engines import TEXTS, make_engine
+from tests.support.serving import TINY_BATCH_SIZE
 
 pytestmark = pytest.mark.integration
-
-
-def predict(server, body, model="tiny", path="", content_type="application/json", headers=None):
-    url = f"{server.url('inference')}/predictions/{model}" + (f"/1.0/{path}" if path else "")
-    data = json.dumps(body).encode() if not isinstance(body, (bytes, str)) else body
-    return requests.post(url, data=data, timeout=60,
-                         headers={"Content-Type": content_type, **server.auth(), **(headers or {})})
-
-
-def concurrently(calls):
-    """Run the calls at the same moment, so TorchServe batches them together."""
-    barrier = threading.Barrier(len(calls))
-
-    def run(call):
-        barrier.wait()
-        return call()
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(run, calls))
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +30,6 @@ def reference(tiny_model_dir):
         return np.array([d["embedding"] for d in json.loads(response.body)["data"]])
 
     return embed
-
-
-def vectors(response):
-    assert response.status_code == 200, response.text
-    return np.array([d["embedding"] for d in response.json()["data"]])
 
 
 def test_concurrent_requests_are_batched_and_correct(server, reference):
@@ -333,37 +308,6 @@ def test_the_served_archives_hold_no_pickle(server):
     mars = sorted(store.glob("*.mar"))
     assert {m.name for m in mars} >= {"tiny.mar", "minilm.mar"}
     assert all(pickled_members(mar) == [] for mar in mars)
-
-
-def metric_samples(server, model="tiny") -> dict[tuple[str, str], float]:
-    """(metric name, labels) -> value of the handler's metrics for `model`, from the Prometheus endpoint."""
-    samples = {}
-    for line in requests.get(f"{server.url('metrics')}/metrics", timeout=30).text.splitlines():
-        if line.startswith("Embed") and f'ModelName="{model}"' in line:
-            name_labels, value = line.rsplit(" ", 1)
-            name, labels = name_labels.split("{", 1)
-            samples[(name, labels)] = float(value)
-    return samples
-
-
-def metric_samples_after(server, before, requests, model="tiny"):
-    """The samples once the counters show `requests` more requests: counters arrive summed, at
-    most COUNTER_FLUSH_S after their batch (embedserve/handler/worker/metrics.py)."""
-    deadline = time.monotonic() + 10
-    while True:
-        time.sleep(COUNTER_FLUSH_S + 0.2)
-        after = metric_samples(server, model)
-        counted = sum(v for (name, _), v in after.items() if name == "EmbedRequests") \
-            - sum(v for (name, _), v in before.items() if name == "EmbedRequests")
-        if counted >= requests or time.monotonic() > deadline:
-            return after
-
-
-def metric_growth(before, after, name, label=""):
-    """How much the samples of `name` whose labels contain `label` grew."""
-    keys = [k for k in after if k[0] == name and label in k[1]]
-    assert keys, f"{name} missing from /metrics"
-    return sum(after[k] - before.get(k, 0.0) for k in keys)
 
 
 def test_handler_metrics_reach_prometheus(server):

@@ -9,7 +9,7 @@ import pytest
 
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from bench.soak import measure_capacity, rss_growth, soak, worker_pids
-from tests.conftest import serving
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.integration
 

@@ -9,6 +9,9 @@ trained here on a small corpus, and the pipeline files sentence-transformers 6 i
     qwen3         Qwen3 decoder, byte-level BPE, the EOS token appended, last-token pooling,
                   left padding, an instruction prompt: the Qwen3-Embedding shape
     modernbert    ModernBERT (rotary, local/global attention), mean pooling, LayerNorm, Normalize
+
+At the end, what the tests check the families' vectors with: texts, the least cosine to
+sentence-transformers' vectors, and sentence-transformers' pipeline on exact token ids.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
@@ -194,3 +198,35 @@ def make_family(family: str, path: Path, *, seed: int = 0) -> Path:
     model.eval().save_pretrained(path)
     _st_files(path, pipeline, **st)
     return path
+
+
+# --- Checking the families' vectors against sentence-transformers -------------------------------
+
+MIN_COSINE = 0.9999
+
+TEXTS = [
+    "hello world",
+    "the cat sat on the mat café",
+    "x",
+    "Query: answer one two three, naïve über straße! " * 12,  # over every family's max length
+    "東京 日本 42 3.14 !",
+    "  leading and trailing spaces  ",
+]
+
+
+def min_cosine(got, want) -> float:
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
+
+
+def st_on_ids(reference, rows, prompt_length=None) -> np.ndarray:
+    """sentence-transformers' whole pipeline on exact token ids, one input at a time (no padding)."""
+    vectors = []
+    with torch.no_grad():
+        for ids in rows:
+            features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                        "modality": "text"}
+            if prompt_length:
+                features["prompt_length"] = prompt_length
+            vectors.append(reference.forward(features)["sentence_embedding"][0].numpy())
+    return np.stack(vectors)

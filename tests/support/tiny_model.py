@@ -15,6 +15,9 @@ WORDS = (
     "mat hello world fast slow long short red green blue one two three four five six seven"
 ).split()
 
+# The prompts of the session's tiny model (tests/conftest.py's tiny_model_dir).
+PROMPTS = {"query": "query: ", "document": "document: "}
+
 
 def _vocab() -> list[str]:
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -15,8 +15,8 @@ from embedserve.handler.api.codec import EmbeddingRequest, Options, Route, encod
 from embedserve.handler.api.quantize import OUTPUT_DTYPES, quantize
 from embedserve.handler.assembly import bound_work
 from embedserve.handler.service import RawRequest
-from tests.conftest import make_engine
-from tests.parts import poisoned
+from tests.support.engines import make_engine
+from tests.support.parts import poisoned
 
 SHORT = ["hello world", "the cat sat on the mat", "one two three", "a", "b c d"]
 

@@ -5,21 +5,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoTokenizer
 
 from embedserve.handler.assembly import warm_up
 from embedserve.handler.service import RawRequest
-from tests.conftest import make_engine
-from tests.parts import torch_model
-
-TEXTS = [
-    "hello world",
-    "the cat sat on the mat",
-    "a",
-    "embedding server batch request token text vector search query document " * 6,  # truncated at 48
-    "Ünïcode: 漢字 日本語 ñ ç ß",
-    "one two three",
-]
+from tests.support.engines import TEXTS, float64_reference, make_engine
+from tests.support.parts import torch_model
 
 
 def embed(engine, body, url_path="", content_type="application/json"):
@@ -30,20 +20,6 @@ def embed(engine, body, url_path="", content_type="application/json"):
 
 def vectors_of(body) -> np.ndarray:
     return np.array([d["embedding"] for d in body["data"]])
-
-
-def float64_reference(model_dir, texts, max_length=48, pooling="mean", normalize=True):
-    """Each text alone through transformers in float64: no padding, no batching."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float64).eval()
-    rows = []
-    with torch.no_grad():
-        for text in texts:
-            ids = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")["input_ids"]
-            hidden = model(input_ids=ids).last_hidden_state[0]
-            row = {"mean": hidden.mean(0), "cls": hidden[0], "last_token": hidden[-1]}[pooling]
-            rows.append(torch.nn.functional.normalize(row, dim=0) if normalize else row)
-    return torch.stack(rows).numpy()
 
 
 def test_matches_float64_reference(tiny_engine, tiny_model_dir):

@@ -9,9 +9,8 @@ from transformers import AutoTokenizer
 
 from embedserve.handler.api.quantize import quantize
 from embedserve.handler.service import RawRequest
-from tests.conftest import PROMPTS, make_engine
-from tests.test_engine import TEXTS, float64_reference
-from tests.tiny_model import make_tiny_model
+from tests.support.engines import TEXTS, float64_reference, make_engine
+from tests.support.tiny_model import PROMPTS, make_tiny_model
 
 
 def call(engine, body, url_path=""):

@@ -16,9 +16,9 @@ from embedserve.archive.build import pickled_members
 from embedserve.archive.default_model import SHA256, _mismatches
 from embedserve.archive.ts_config import read_properties
 from embedserve.handler.backends.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE
-from tests.conftest import REPO, make_engine
-from tests.test_engine import TEXTS
-from tests.tiny_model import make_tiny_model
+from tests.support import REPO
+from tests.support.engines import TEXTS, make_engine
+from tests.support.tiny_model import make_tiny_model
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ def test_int8_build_on_torch_records_its_kept_layers(tiny_model_dir, config):
 def test_build_reports_the_pipeline_and_ships_module_weights(tmp_path, config, capsys):
     """LaBSE's shape from a pickled Dense checkpoint: the Dense weights are converted and shipped,
     the report names what was found, and the vectors were compared with sentence-transformers."""
-    from tests.model_families import make_family
+    from tests.support.model_families import make_family
 
     source = make_family("bert_dense", tmp_path / "labse")
     dense = load_file(str(source / "2_Dense" / "model.safetensors"))
@@ -255,7 +255,7 @@ def test_vectors_that_differ_from_sentence_transformers_fail_the_build(tiny_mode
 
 
 def test_max_length_past_the_usable_positions_fails_the_build(tmp_path, config, capsys):
-    from tests.model_families import make_family
+    from tests.support.model_families import make_family
 
     source = make_family("xlmr", tmp_path / "e5")  # 66 position embeddings, 64 usable
     assert run_build(config, "--model", str(source), "--name", "e5", "--max-length", "65") == 1

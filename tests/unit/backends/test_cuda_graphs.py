@@ -1,6 +1,7 @@
 """CUDA graph buckets: the ladder, the choice of bucket, padding into static buffers, the eager
 fallback, the memory cap, the per-bucket fallback of a failed capture, the start-up check of
-replays against eager, and the choice of the worker's GPU.
+replays against eager, and the capture's stream and pool on the worker's GPU (which GPU that is:
+tests/unit/execution/test_placement.py).
 
 These run on a CPU. A stand-in replays eagerly on the same static buffers, so everything but the
 capture itself is exercised; a stand-in cannot prove that a real capture records the pass, that
@@ -9,7 +10,6 @@ the worker's GPU: that needs a GPU. Where torch.cuda is mocked, it is only to se
 the code names."""
 
 import contextlib
-import json
 import logging
 from unittest import mock
 
@@ -18,32 +18,10 @@ import torch
 
 from embedserve.handler.backends.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, _relative_error, choose,
                                  forward_synchronizes, ladder)
-from embedserve.handler.execution.placement import make_current, resolve_placement, worker_device
-from embedserve.handler.settings import Settings
-from tests.conftest import make_engine
-from tests.model_families import FAMILIES
-from tests.parts import replaying, torch_model
-from tests.test_engine import TEXTS
-
-BYTES_PER_TOKEN = 100  # the stand-ins' memory: a pass needs this much per token of its bucket
-
-
-class EagerReplay:
-    """For any StaticPass: replays by running the pass on the static buffers, as the captured
-    graph would; a pass needs BYTES_PER_TOKEN per token of its bucket."""
-
-    captured: list = []  # capture order, across instances (each stand-in class has its own)
-
-    def warm_up(self) -> int:
-        self.compute()
-        return self.bucket.tokens * BYTES_PER_TOKEN
-
-    def capture(self, pool: object) -> None:
-        type(self).captured.append(self.bucket)
-        self.replay()
-
-    def replay(self) -> None:
-        self.output = self.compute()
+from tests.support.engines import TEXTS, make_engine
+from tests.support.graphs import BYTES_PER_TOKEN, EagerReplay
+from tests.support.model_families import FAMILIES
+from tests.support.parts import replaying, torch_model
 
 
 class EagerStandIn(EagerReplay, StaticGraph):
@@ -424,31 +402,6 @@ def test_the_forward_pass_reads_no_tensor_while_a_stream_captures(families, fami
         encoder.backend.pooled(ids, mask)
 
 
-def test_cuda_graphs_are_ignored_on_a_cpu():
-    settings = Settings.from_mapping({"device": "cpu", "cuda_graphs": True})
-    placement = resolve_placement(settings, gpu_id=None, workers=1, cuda_available=False)
-    assert placement.cuda_graph_buckets == ()
-
-
-def test_a_worker_runs_on_the_gpu_torchserve_assigned():
-    assert worker_device("cuda", 2, cuda_available=True) == torch.device("cuda:2")
-    assert worker_device("auto", 3, cuda_available=True) == torch.device("cuda:3")
-    assert worker_device("cuda", None, cuda_available=True) == torch.device("cuda:0")
-    assert worker_device("cuda:1", 3, cuda_available=True) == torch.device("cuda:1")  # explicit: kept
-    assert worker_device("auto", 3, cuda_available=False) == torch.device("cpu")
-    assert worker_device("cpu", 3, cuda_available=True) == torch.device("cpu")
-    placement = resolve_placement(Settings(device="cuda"), gpu_id=1, workers=2, cuda_available=True)
-    assert placement.device == torch.device("cuda:1")
-
-
-def test_the_worker_makes_its_gpu_current():
-    with mock.patch("torch.cuda.set_device") as set_device:
-        make_current(torch.device("cpu"))
-        set_device.assert_not_called()
-        make_current(torch.device("cuda:3"))
-    set_device.assert_called_once_with(torch.device("cuda:3"))
-
-
 class CpuBuffers(EagerStandIn):
     """The stand-in's buffers stay on the CPU whatever device it is given."""
 
@@ -509,20 +462,3 @@ def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
         Encoder._to_host(vectors)
     on_cpu = torch.zeros(2, 3)
     assert Encoder._to_host(on_cpu) is on_cpu
-
-
-@pytest.mark.parametrize("saved, expected", [("bfloat16", torch.bfloat16), ("float32", torch.float32),
-                                             ("float16", torch.float16), (None, torch.float16)])
-def test_auto_dtype_on_a_gpu_follows_a_bfloat16_checkpoint(tmp_path, saved, expected):
-    # Models trained in bfloat16 (the Qwen family) can overflow float16's range.
-    expected = torch.float16 if expected == torch.float32 else expected  # half precision on a GPU
-    key = "dtype" if saved == "bfloat16" else "torch_dtype"  # transformers 5 writes the first, 4.x the second
-    (tmp_path / "config.json").write_text(json.dumps({key: saved} if saved else {}))
-    placement = resolve_placement(Settings(device="cuda"), gpu_id=0, workers=1, cuda_available=True,
-                                  model_dir=tmp_path)
-    assert placement.dtype == expected
-    forced = resolve_placement(Settings(device="cuda", dtype="float16"), gpu_id=0, workers=1, cuda_available=True,
-                               model_dir=tmp_path)
-    assert forced.dtype == torch.float16  # a dtype setting still forces the choice
-    on_cpu = resolve_placement(Settings(device="cpu"), gpu_id=None, workers=1, cuda_available=False, model_dir=tmp_path)
-    assert on_cpu.dtype == torch.float32

@@ -14,9 +14,9 @@ from embedserve.handler.execution.select import choose_engine
 from embedserve.handler.service import RawRequest
 from embedserve.handler.settings import Settings, SettingsError
 import embedserve.archive.onnx_export as onnx_export
-from tests.conftest import PROMPTS, make_engine
-from tests.test_engine import TEXTS
-from tests.test_faults import run_child
+from tests.support.child import run_child
+from tests.support.engines import TEXTS, make_engine
+from tests.support.tiny_model import PROMPTS
 
 
 def embeddings(engine, body):
@@ -143,8 +143,8 @@ def test_only_onnx_runtime_allocation_failures_count_as_out_of_memory():
 ONNX_OOM_SCRIPT = """
 import json, resource, sys
 import numpy as np
-from tests.conftest import make_engine
-from tests.parts import backed_by
+from tests.support.engines import make_engine
+from tests.support.parts import backed_by
 from embedserve.handler.service import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)

@@ -25,11 +25,10 @@ from embedserve.handler.backends.packed_graphs import (
     RESOLUTION, TOKEN_STEP, GraphShape, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, packed_ladder,
     slot_tiers, token_ladder,
 )
-from tests.conftest import make_engine
-from tests.parts import on_backend, parts_of, torch_model
-from tests.test_cuda_graphs import BYTES_PER_TOKEN, EagerReplay
-from tests.test_packed import random_rows
-from tests.test_engine import TEXTS
+from tests.support.engines import TEXTS, make_engine
+from tests.support.graphs import BYTES_PER_TOKEN, EagerReplay
+from tests.support.inputs import random_rows
+from tests.support.parts import on_backend, parts_of, torch_model
 
 class EagerStandIn(EagerReplay, PackedGraph):
     captured: list[TokenBucket] = []

@@ -2,7 +2,7 @@
 prompt, inputs over the max length cut on either side, Matryoshka dimensions, token-id inputs,
 token counts, position limits, and the pipeline variants (prompt excluded from pooling, Dense
 with a residual, the oldest module names). The same families through the real TorchServe are in
-test_model_families_served.py."""
+tests/integration/test_model_families_served.py."""
 
 from __future__ import annotations
 
@@ -14,19 +14,9 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from embedserve.handler.service import RawRequest
-from tests.conftest import make_engine
-from tests.parts import torch_model
-from tests.model_families import FAMILIES
-
-MIN_COSINE = 0.9999
-TEXTS = [
-    "hello world",
-    "the cat sat on the mat café",
-    "x",
-    "Query: answer one two three, naïve über straße! " * 12,  # over every family's max length
-    "東京 日本 42 3.14 !",
-    "  leading and trailing spaces  ",
-]
+from tests.support.engines import make_engine
+from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine, st_on_ids
+from tests.support.parts import torch_model
 
 
 @pytest.fixture(scope="module")
@@ -39,24 +29,6 @@ def served(engine, body) -> tuple[np.ndarray, dict]:
     assert response.status == 200, response.body
     answer = json.loads(response.body)
     return np.array([row["embedding"] for row in answer["data"]]), answer
-
-
-def min_cosine(got, want) -> float:
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    return float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
-
-
-def st_on_ids(reference, rows, prompt_length=None) -> np.ndarray:
-    """sentence-transformers' whole pipeline on exact token ids, one input at a time (no padding)."""
-    vectors = []
-    with torch.no_grad():
-        for ids in rows:
-            features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-                        "modality": "text"}
-            if prompt_length:
-                features["prompt_length"] = prompt_length
-            vectors.append(reference.forward(features)["sentence_embedding"][0].numpy())
-    return np.stack(vectors)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

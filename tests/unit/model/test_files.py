@@ -5,7 +5,7 @@ import json
 import pytest
 
 from embedserve.handler.model.files import ModelFilesError, Pooling, describe_model, usable_positions
-from tests.tiny_model import make_tiny_model
+from tests.support.tiny_model import make_tiny_model
 
 
 def write_modules(model, *extra):

@@ -2,8 +2,6 @@
 embedserve/handler/model/pooling.py, on tiny random models of each supported family and on the real
 all-MiniLM-L6-v2 against sentence-transformers."""
 
-import random
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +14,7 @@ from embedserve.handler.model.packed_forward import (
     GROUPED_SDPA, VARLEN_FLASH, PackedTransformer, attention_kernel, length_groups, pack, packed_support, pool_packed,
 )
 from embedserve.handler.model.pooling import POOLED, PROMPT, pool
+from tests.support.inputs import random_rows, varied_texts
 
 SUPPORTED_FAMILIES = ("bert_dense", "xlmr", "mpnet")
 MIN_COSINE = 0.9999
@@ -30,13 +29,6 @@ def usable_positions(model) -> int:
     """Tokens per input the position embeddings allow (RoBERTa-style models start at padding_idx + 1)."""
     offset = 0 if isinstance(model, BertModel) else model.embeddings.padding_idx + 1
     return model.config.max_position_embeddings - offset
-
-
-def random_rows(model, lengths, seed=0):
-    """Token ids of the given lengths, never the padding id (positions skip it in RoBERTa models)."""
-    rng = random.Random(seed)
-    tokens = [i for i in range(3, model.config.vocab_size) if i != model.config.pad_token_id]
-    return [rng.choices(tokens, k=n) for n in lengths]
 
 
 def padded_forward(model, rows, unpooled=None):
@@ -264,7 +256,6 @@ def test_minilm_matches_sentence_transformers():
     from sentence_transformers import SentenceTransformer
 
     from embedserve.archive.default_model import fetch_default_model
-    from tests.test_minilm import varied_texts
 
     texts = varied_texts(count=64)
     st = SentenceTransformer(str(fetch_default_model()), device="cpu")

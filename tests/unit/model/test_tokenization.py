@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer, BertTokenizerFast
 
 from embedserve.handler.model.tokenization import TextTokenizer
-from tests.tiny_model import make_tiny_model
+from tests.support.tiny_model import make_tiny_model
 
 TEXTS = [
     "Hello, World! 42 apples; 3.14 (pi)", "the Of IN that", "", "   ", "x" * 300,

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 PIN = "from embedserve.handler.worker.allocator import pin_mmap_threshold; print(pin_mmap_threshold())"
 

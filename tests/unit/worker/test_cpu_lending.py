@@ -10,9 +10,9 @@ import torch
 
 from embedserve.handler.execution.placement import resolve_placement
 from embedserve.handler.worker.cpu_lending import CpuLending
-from tests.parts import ObservedBackend, on_backend
 from embedserve.handler.settings import Settings
-from tests.conftest import make_engine
+from tests.support.engines import make_engine
+from tests.support.parts import ObservedBackend, on_backend
 
 
 def test_workers_claim_distinct_home_cpus_until_none_is_left(tmp_path):
