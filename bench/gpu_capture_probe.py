@@ -132,7 +132,7 @@ def _step_sync_check(device: torch.device) -> dict:
 def _step_padded_forward(device: torch.device) -> dict:
     from transformers import AutoModel
 
-    from tests.tiny_model import make_tiny_model
+    from tests.support.tiny_model import make_tiny_model
 
     path = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny", max_seq_length=64)
     model = AutoModel.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float16).to(device).eval()

@@ -1,4 +1,4 @@
-"""Every tested model family (tests/model_families.py) in every GPU mode, one family per process.
+"""Every tested model family (tests/support/model_families.py) in every GPU mode, one family per process.
 
     python -m bench.gpu_families FAMILY --out DIR [--device auto|cuda|cpu] [--texts N] [--modes A,B]
 
@@ -33,7 +33,7 @@ from bench.gpu.report import GRAPHS_MAX_REL_ERROR
 from embedserve.handler.assembly import assemble
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
-from tests.model_families import FAMILIES, corpus, make_family
+from tests.support.model_families import FAMILIES, corpus, make_family
 
 CUDA_MODES = {  # name -> settings
     "float16_eager": dict(dtype="float16"),

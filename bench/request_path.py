@@ -27,7 +27,7 @@ from embedserve.archive.build import main as build_main
 from embedserve.archive.ts_config import read_properties, register_model
 from bench.load import WARMUP_SECONDS, run_load, warm_up
 from embedserve.scripts.serverctl import TorchServe, isolated_config
-from tests.tiny_model import WORDS, make_tiny_model
+from tests.support.tiny_model import WORDS, make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 REPEATS = 3

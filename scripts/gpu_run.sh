@@ -21,7 +21,7 @@
 #
 #   GPU_RUN_SECONDS=560          the whole run's budget; bench.gpu gets what the steps before left
 #   GPU_RUN_DEVICE=auto          auto, cuda or cpu, for every step
-#   GPU_RUN_FAMILIES="a b"       the families (default: every one of tests/model_families.py)
+#   GPU_RUN_FAMILIES="a b"       the families (default: every one of tests/support/model_families.py)
 #   GPU_RUN_FAMILY_MODES=a,b     the modes of each family (default: every mode of the device)
 #   GPU_RUN_FAMILY_TEXTS=96      texts per family
 #   GPU_RUN_FAMILY_SECONDS=180   each family's time limit (they run side by side)
@@ -117,7 +117,7 @@ EOF
 families() {  # every family in its own process, side by side, each under its own limit
     local folder=$1 list parallel
     list=${GPU_RUN_FAMILIES:-$("$PY" -c 'import ast
-tree = ast.parse(open("tests/model_families.py").read())
+tree = ast.parse(open("tests/support/model_families.py").read())
 print(*next(ast.literal_eval(n.value) for n in tree.body
             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FAMILIES"))')}
     parallel=${GPU_RUN_JOBS:-$([[ $CUDA == 1 ]] && echo 8 || echo 2)}  # CPU mode: CI's two cores

@@ -46,7 +46,7 @@ def default_model() -> Path:
 
 
 def _tiny(path: Path) -> Path:
-    from tests.tiny_model import make_tiny_model
+    from tests.support.tiny_model import make_tiny_model
 
     return make_tiny_model(path, max_seq_length=64)
 

@@ -54,7 +54,7 @@ Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # shapes the kernels run at, hence their rounding, the more so in half precision. bfloat16 keeps
 # 3 fewer mantissa bits than float16, so its rounding is up to 8x coarser; 1.5e-2 still refuses
 # a replay that strays by 2% (a cosine of 0.9998 to eager), which rounding alone does not do
-# (tests/test_cuda_graphs.py measures padding's effect on CPU).
+# (tests/unit/backends/test_cuda_graphs.py measures padding's effect on CPU).
 REPLAY_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1.5e-2}
 
 # Set once a capture has failed in this process: see release_memory.

@@ -1,0 +1,74 @@
+"""The package's shape, held against its imports (docs/architecture.md): imports run down the
+wings, never up; no import circle; only the TorchServe adapter imports `ts`."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+HANDLER = Path(__file__).resolve().parents[2] / "embedserve" / "handler"
+# Bottom to top: a module may import from its own level or below.
+ORDER = ["worker", "model", "settings", "scheduling", "api", "backends", "execution", "service", "assembly",
+         "ts_handler"]
+
+
+def _level(module: str) -> int:
+    return ORDER.index(module.split(".")[0])
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each handler module (dotted, under embedserve.handler) -> the handler modules it imports."""
+    graph = {}
+    for path in HANDLER.rglob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        name = ".".join(path.relative_to(HANDLER).with_suffix("").parts)
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("embedserve.handler."):
+                found.add(node.module.removeprefix("embedserve.handler."))
+            elif isinstance(node, ast.ImportFrom) and node.module == "embedserve.handler":
+                found.update(alias.name for alias in node.names)
+        graph[name] = found
+    return graph
+
+
+def test_every_module_has_a_level():
+    assert {module.split(".")[0] for module in _imports()} <= set(ORDER)
+
+
+@pytest.mark.parametrize("module", sorted(_imports()))
+def test_no_module_imports_from_a_wing_above_it(module):
+    above = sorted(dep for dep in _imports()[module] if _level(dep) > _level(module))
+    assert not above, f"{module} imports {above}, above it in {ORDER}"
+
+
+def test_no_import_circle():
+    graph = _imports()
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in graph.get(node, ()):
+            if state.get(dep) == 1:
+                raise AssertionError(f"import circle: {' -> '.join(path + [dep])}")
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+
+
+def test_only_the_adapter_imports_torchserve():
+    importers = set()
+    for path in HANDLER.parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if any(name == "ts" or name.startswith("ts.") for name in names):
+                importers.add(path.relative_to(HANDLER.parent).as_posix())
+    assert importers == {"handler/ts_handler.py"}
