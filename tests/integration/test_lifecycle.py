@@ -1,6 +1,5 @@
 """Start-up and shutdown of a dedicated TorchServe: clean stop, and a broken model reported."""
 
-import shutil
 import socket
 import time
 from collections import Counter
@@ -10,8 +9,7 @@ import pytest
 import requests
 import yaml
 
-from embedserve.archive.build import REPO as BUILD_REPO
-from embedserve.archive.build import run_archiver, parse_args
+from embedserve.archive.build import parse_args, run_archiver, stage_handler
 from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.stage import stage_model
 from embedserve.archive.ts_config import register_model
@@ -48,7 +46,7 @@ def test_a_model_that_cannot_load_is_reported_not_waited_for(tmp_path, tiny_mode
     config = make_server_config(tmp_path)
     stage = tmp_path / "stage"
     stage_model(tiny_model_dir, stage / "model")
-    shutil.copytree(BUILD_REPO / "handler", stage / "handler", ignore=shutil.ignore_patterns("__pycache__"))
+    stage_handler(stage)
     model_config = tmp_path / "model-config.yaml"
     model_config.write_text(yaml.safe_dump({"minWorkers": 1, "maxWorkers": 1, "handler": {"dtype": "float64"}}))
     args = parse_args(["--name", "broken", "--export-path", str(tmp_path / "model_store")])
