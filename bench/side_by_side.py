@@ -38,6 +38,7 @@ SHAPES = (("mixed", 64), ("mixed", 1), ("fixed", 1))
 def served(tree: Path, root: Path):
     """A TorchServe of its own serving `tree`'s default build, built by that tree's own code:
     (predictions URL, auth headers)."""
+    root.mkdir(parents=True, exist_ok=True)
     config = isolated_config(root, tree / "config.properties", async_logging="true")
     subprocess.run([str(tree / "build_mar.sh"), "--export-path", str(root / "model_store"), "--config", str(config)],
                    check=True, env={**os.environ, "PYTHON": sys.executable}, stdout=sys.stderr)
