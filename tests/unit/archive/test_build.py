@@ -260,3 +260,28 @@ def test_max_length_past_the_usable_positions_fails_the_build(tmp_path, config, 
     source = make_family("xlmr", tmp_path / "e5")  # 66 position embeddings, 64 usable
     assert run_build(config, "--model", str(source), "--name", "e5", "--max-length", "65") == 1
     assert "65 exceeds the 64 positions" in capsys.readouterr().err
+
+
+def test_build_mar_without_the_project_s_packages_says_what_to_run(tmp_path):
+    # A Python without torch, transformers and torchserve, given explicitly: one line saying what to
+    # run, not a traceback (without PYTHON and without .venv, the script sets .venv up itself).
+    import subprocess
+    import sys
+
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    result = subprocess.run([str(REPO / "build_mar.sh"), "--help"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHON": str(bare / "bin" / "python")})
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "lacks the project's packages" in result.stderr and "make mar" in result.stderr
+
+
+def test_build_mar_help_lists_every_option():
+    import subprocess
+
+    result = subprocess.run([str(REPO / "build_mar.sh"), "--help"], capture_output=True, text=True, check=True)
+    for option in ("--version", "--response-timeout", "--startup-timeout", "--skip-check", "--set"):
+        assert option in result.stdout
+    readme = (REPO / "README.md").read_text()
+    for option in ("--response-timeout", "--startup-timeout", "--skip-check", "--version"):
+        assert f"`{option}`" in readme
