@@ -4,8 +4,8 @@
 
 Steps: fetch or locate the model; stage its files with safetensors weights; write
 model-config.yaml from the template; load the staged model as a worker would, report what it
-found and check its vectors against sentence-transformers where installed (embedserve/archive/smoke.py); pack the handler
-package, the model and the config with torch-model-archiver; scan the archive for pickles;
+found and check its vectors against sentence-transformers where installed (smoke.py); pack the
+handler package, the model and the config with torch-model-archiver; scan the archive for pickles;
 record batch size, delay and workers in config.properties (`models=`), as in model-config.yaml.
 """
 

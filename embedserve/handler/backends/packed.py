@@ -20,7 +20,7 @@ from embedserve.handler.worker.transfer import to_device
 
 class PackedBackend:
     """Passes packed: planned by real tokens, run through a PackedTransformer, pooled, then
-    through the pipeline's head (embedserve/handler/backends/base.py's seam). `graphs` (embedserve/handler/backends/packed_graphs.py's
+    through the pipeline's head (backends/base.py's seam). `graphs` (backends/packed_graphs.py's
     PackedGraphRunner, captured on this backend's `run_eager`) replay the passes they hold; the
     rest run eagerly."""
 

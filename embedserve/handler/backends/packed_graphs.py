@@ -48,8 +48,8 @@ static inputs and outputs (one float32 vector per slot) hold about 32 MiB and 19
 Capture, memory cap, the fallback to eager and the start-up check of replays against the
 eager packed pass are embedserve/handler/backends/cuda_graphs.py's. Only the flash attention kernel of
 torch.nn.attention.varlen reads its offsets on the device; the grouped SDPA reads them on the
-host, which a capture refuses, so the encoder captures packed graphs only where attention is
-varlen flash (embedserve/handler/execution/encoder.py).
+host, which a capture refuses, so the selection captures packed graphs only where attention
+is varlen flash (embedserve/handler/execution/select.py).
 """
 
 from __future__ import annotations

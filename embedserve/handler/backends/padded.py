@@ -1,10 +1,10 @@
 """Padded passes: a pass's inputs right-padded into one (batch, seq) rectangle, run by a torch
 model or an ONNX Runtime session, pooled, then through the pipeline's head.
 
-Every engine runs this layout. The planner (embedserve/handler/scheduling/planner.py) cuts passes at the least
-padding plus pass cost; with CUDA graphs (embedserve/handler/backends/cuda_graphs.py, captured by embedserve/handler/execution/select.py
-and handed in) a pass replays in the smallest (batch, length) bucket that holds it, and the
-planner prices it at that bucket's tokens.
+Every engine runs this layout. The planner (scheduling/planner.py) cuts passes at the least
+padding plus pass cost; with CUDA graphs (backends/cuda_graphs.py, captured by
+execution/select.py and handed in) a pass replays in the smallest (batch, length) bucket that
+holds it, and the planner prices it at that bucket's tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from embedserve.handler.scheduling.planner import Replay, padded_length, plan_su
 from embedserve.handler.worker.transfer import to_device
 
 # (batch, seq) ids and attention mask -> (batch, seq, hidden) states: a torch model
-# (embedserve/handler/model/loading.py's TorchTransformer) or an ONNX Runtime session (embedserve/handler/backends/onnx_runtime.py).
+# (model/loading.py's TorchTransformer) or an ONNX Runtime session (backends/onnx_runtime.py).
 Transformer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 

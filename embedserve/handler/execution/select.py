@@ -111,7 +111,8 @@ def choose_engine(settings: Settings, placement: Placement, model_dir: Path | No
     if settings.engine == "torch":
         return "torch", "the engine setting"
     if onnx_fits and exported:
-        return "onnxruntime", f"auto: a CPU in {'int8' if placement.int8 else 'float32'}, and the archive holds the export"
+        dtype = "int8" if placement.int8 else "float32"
+        return "onnxruntime", f"auto: a CPU in {dtype}, and the archive holds the export"
     why = "no ONNX export in the archive" if onnx_fits else \
         f"ONNX Runtime runs float32 or int8 on a CPU only (here {placement.device.type}, {_name(placement.dtype)}" \
         f"{', compile' if settings.compile else ''}{', packed' if settings.packed else ''})"
