@@ -14,6 +14,7 @@ from embedserve.handler.service import EmbeddingService
 from embedserve.scripts.serverctl import TorchServe
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, make_family
+from tests.support.redis_server import RedisServer
 from tests.support.serving import TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
 from tests.support.tiny_model import PROMPTS, make_tiny_model
 
@@ -62,3 +63,12 @@ def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
     packed = ["--model", str(tiny_model_dir), "--name", "tinypacked", "--workers", "1", "--set", "packed=true"]
     with serving(tmp_path_factory.mktemp("torchserve"), tiny, minilm, packed) as ts:
         yield ts
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A real redis-server on a free loopback port, one for each test module that asks for it."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()

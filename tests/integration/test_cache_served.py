@@ -10,16 +10,7 @@ from embedserve.handler.worker.metrics import COUNTER_FLUSH_S
 from tests.support.cache import TTL_S, embed
 from tests.support.client import concurrently, metric_growth, metric_samples, metric_samples_after, predict, vectors
 from tests.support.engines import TEXTS, matrix
-from tests.support.redis_server import RedisServer
 from tests.support.serving import build, make_server_config, serving
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

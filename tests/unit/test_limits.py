@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from embedserve.handler.api import output
 from embedserve.handler.api.codec import EmbeddingRequest, Options, Route, encode_embeddings, max_answer_bytes

@@ -98,8 +98,8 @@ def choose_engine(settings: Settings, placement: Placement, model_dir: Path | No
     settings error."""
     exported = model_dir is not None and (Path(model_dir) / onnx_file(placement.int8)).is_file()
     # int8 loads float32; packed passes run the torch model's own modules.
-    onnx_fits = placement.device.type == "cpu" and placement.dtype == torch.float32 and not settings.compile \
-        and not settings.packed
+    onnx_fits = placement.device.type == "cpu" and placement.dtype == torch.float32 and not placement.compile \
+        and not placement.packed
     if settings.engine == "onnxruntime":
         if not onnx_fits:
             raise ValueError("handler setting 'engine': onnxruntime runs float32 or int8 on a CPU (no compile, "
@@ -115,7 +115,7 @@ def choose_engine(settings: Settings, placement: Placement, model_dir: Path | No
         return "onnxruntime", f"auto: a CPU in {dtype}, and the archive holds the export"
     why = "no ONNX export in the archive" if onnx_fits else \
         f"ONNX Runtime runs float32 or int8 on a CPU only (here {placement.device.type}, {_name(placement.dtype)}" \
-        f"{', compile' if settings.compile else ''}{', packed' if settings.packed else ''})"
+        f"{', compile' if placement.compile else ''}{', packed' if placement.packed else ''})"
     return "torch", f"auto: {why}"
 
 

@@ -124,14 +124,17 @@ class FailingWarmUp(EagerStandIn):
         return super().warm_up()
 
 
+def _eight_buckets(tiny_model_dir):
+    """An encoder, a batch's ids with their eager vectors, and eight buckets of 16 to 256 tokens."""
+    engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
+    ids = engine.preparer.token_ids(TEXTS * 3)
+    return engine.encoder, ids, engine.encoder.embed(ids).vectors, ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+
+
 def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
     # After one failed capture the allocator may still record into the shared pool: no later
     # capture is tried, and the graphs already captured are dropped too.
-    engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
-    encoder = engine.encoder
-    ids = engine.preparer.token_ids(TEXTS * 3)
-    eager = encoder.embed(ids).vectors
-    buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+    encoder, ids, eager, buckets = _eight_buckets(tiny_model_dir)
     FailingCapture.captured = []
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         graphs = runner_for(encoder, buckets, graph_type=FailingCapture)
@@ -143,11 +146,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
 
 
 def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
-    engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
-    encoder = engine.encoder
-    ids = engine.preparer.token_ids(TEXTS * 3)
-    eager = encoder.embed(ids).vectors
-    buckets = ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+    encoder, ids, eager, buckets = _eight_buckets(tiny_model_dir)
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         graphs = runner_for(encoder, buckets, graph_type=FailingWarmUp)
     assert set(graphs.graphs) == set(buckets) - {Bucket(8, 32)}  # the rest are captured

@@ -16,14 +16,6 @@ from tests.support.engines import TEXTS, make_engine, matrix
 from tests.support.redis_server import RedisServer
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_memory_cache_is_bounded_in_entries_and_bytes():
     vector = np.zeros(4, dtype=np.float32)
     by_count = MemoryCache(max_entries=3, max_bytes=10**6)
