@@ -86,7 +86,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
     # Everything that changes a vector for the same token ids: weights (the revision hashes
     # the pipeline modules' too), how they run, and the pipeline after the transformer.
-    runs = encoder.describe()
+    runs, placement = encoder.describe(), encoder.placement  # in the dtype the engine trial chose
     dtype = f"int8:{runs['engine']}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
         else f"{placement.dtype}:{runs['engine']}"
     dtype += f":{runs['layout']}"
@@ -107,7 +107,7 @@ def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placemen
     overhead = settings.pass_overhead_tokens or DEFAULT_PASS_OVERHEAD_TOKENS
     cost = PassCost(placement.max_batch_tokens, settings.max_batch_size, overhead, overhead)
     lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
-    return Encoder(selection.backend, cost, placement, dimension=selection.dimension, pooling=parts.pooling,
+    return Encoder(selection.backend, cost, selection.placement, dimension=selection.dimension, pooling=parts.pooling,
                    pad_id=parts.pad_id, max_positions=parts.max_positions, lending=lending, reasons=selection.reasons)
 
 

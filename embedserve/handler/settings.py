@@ -14,7 +14,8 @@ from embedserve.handler.model.files import POOLING_MODES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
-ENGINES = ("auto", "torch", "onnxruntime")
+ENGINES = ("auto", "torch", "onnxruntime", "openvino")
+BF16_ENGINES = ("torch", "openvino")
 POOLINGS = ("auto", *POOLING_MODES)
 
 
@@ -32,7 +33,9 @@ class Settings:
     model_path: str = "model"
     # "auto": the GPU TorchServe assigned to this worker when CUDA is available, else CPU.
     device: str = "auto"
-    # "auto": float16 on CUDA, float32 on CPU. "int8" (CPU only): dynamic int8 quantization of
+    # "auto": float16 on CUDA (bfloat16 for checkpoints saved in it); on a CPU float32, or
+    # bfloat16 where the CPU has bf16 units and a bfloat16 engine of cpu_bf16_engines measures
+    # clearly faster at start-up (embedserve/handler/execution/engine_trial.py). "int8" (CPU only): dynamic int8 quantization of
     # the matrix multiplications, calibrated at build time: ONNX Runtime's on the build's
     # transformer.int8.onnx, else torch's, of every Linear but those in int8_fp32_layers.
     dtype: str = "auto"
@@ -41,8 +44,14 @@ class Settings:
     int8_fp32_layers: tuple[str, ...] = ()
     # What runs the transformer. "auto": ONNX Runtime on a CPU, for float32 or int8, where the
     # archive holds the build's export (transformer.onnx, transformer.int8.onnx), else PyTorch.
-    # "torch" always; "onnxruntime" requires the export and a CPU (embedserve/handler/backends/onnx_runtime.py).
+    # "torch" always; "onnxruntime" requires the export and a CPU (embedserve/handler/backends/onnx_runtime.py);
+    # "openvino" the export, a CPU, float32 or bfloat16, and the openvino package
+    # (embedserve/handler/backends/openvino_runtime.py).
     engine: str = "auto"
+    # The bfloat16 engines (torch, openvino) a CPU worker under dtype auto may time against
+    # float32: written by the build, those whose vectors it verified against float32 (min cosine
+    # 0.999 on its corpus, embedserve/archive/bf16_check.py). Empty: float32 only.
+    cpu_bf16_engines: tuple[str, ...] = ()
     # "auto": read from the model's sentence-transformers files, else mean; or one of
     # POOLING_MODES, which replaces the modes of the model's own Pooling module.
     pooling: str = "auto"
@@ -146,6 +155,8 @@ class Settings:
             raise SettingsError("cpu_threads", "must be >= 0 (0 means automatic)")
         if self.pass_overhead_tokens < 0:
             raise SettingsError("pass_overhead_tokens", "must be >= 0 (0 means measured at warm-up)")
+        if any(name not in BF16_ENGINES for name in self.cpu_bf16_engines):
+            raise SettingsError("cpu_bf16_engines", f"must list only {', '.join(BF16_ENGINES)}")
         if not all(isinstance(name, str) for name in self.int8_fp32_layers):
             raise SettingsError("int8_fp32_layers", "must be a list of layer names")
         for key in ("cuda_graph_batches", "cuda_graph_lengths"):

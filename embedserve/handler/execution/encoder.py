@@ -54,7 +54,7 @@ class Encoder:
 
     def __init__(self, backend: Backend, cost: PassCost, placement: Placement, *, dimension: int, pooling: Pooling,
                  pad_id: int, max_positions: int | None = None, lending: CpuLending | None = None,
-                 reasons: dict[str, str] | None = None):
+                 reasons: dict[str, Any] | None = None):
         self.backend = backend
         self.cost = cost
         self.placement = placement

@@ -5,7 +5,10 @@ with the reasons for /info.
 In order:
 1. Engine: ONNX Runtime where the archive holds its export and the placement is a CPU in
    float32 or int8 (no compile, no packed passes: both need the torch model's own modules);
-   torch otherwise, or as the `engine` setting forces.
+   torch otherwise, or as the `engine` and `dtype` settings force. On a CPU with bfloat16 units,
+   under `dtype: auto`, that float32 default is timed against the bfloat16 engines the build
+   verified (torch, OpenVINO), and the fastest by a clear margin is served
+   (embedserve/handler/execution/engine_trial.py).
 2. Layout: padded; packed where asked for, supported by the architecture, and equal to the
    padded pass on a few inputs of mixed lengths at start-up (PACKED_MIN_COSINE); else padded,
    with the reason logged.
@@ -18,19 +21,22 @@ In order:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import AutoConfig
 
 from embedserve.handler.backends.base import Backend
 from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, GraphRunner
-from embedserve.handler.backends.onnx_runtime import OnnxTransformer, onnx_file
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE, OnnxTransformer, onnx_file
+from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, openvino_available
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_ladder
 from embedserve.handler.backends.padded import PaddedBackend
+from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
+    time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.files import HeadModule, Pooling
 from embedserve.handler.model.head import load_head
@@ -61,23 +67,86 @@ class ModelParts:
 class Selection:
     backend: Backend
     dimension: int  # of the pipeline's output vector
-    reasons: dict[str, str] = field(default_factory=dict)  # engine, layout, cuda_graphs: why, for /info
+    placement: Placement  # the worker's, in the dtype the backend runs
+    # engine, dtype, layout, cuda_graphs: why, for /info; "speeds": the engine trial's timings
+    reasons: dict[str, Any] = field(default_factory=dict)
 
 
 def select_backend(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
     model_dir = Path(model_dir)
     engine, engine_reason = choose_engine(settings, placement, model_dir)
-    reasons = {"engine": engine_reason}
+    default = Candidate(engine, placement.dtype)
+    challengers, dtype_reason = bf16_challengers(settings, placement)
+    if challengers:
+        selection = _fastest(model_dir, settings, placement, parts, default, challengers)
+        if selection.placement.dtype != default.dtype:
+            engine_reason = selection.reasons["dtype"]
+    else:
+        selection = _build(model_dir, default, placement, parts)
+        selection.reasons["dtype"] = dtype_reason
+    selection.reasons = {"engine": engine_reason, "dtype": selection.reasons.pop("dtype"), **selection.reasons}
+    log.info("backend: %s in %s (%s)", selection.backend.describe(), _name(selection.placement.dtype),
+             "; ".join(f"{key}: {why}" for key, why in selection.reasons.items()))
+    return selection
+
+
+def _fastest(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts, default: Candidate,
+             challengers: list[str]) -> Selection:
+    """The fastest of the float32 default and the bfloat16 `challengers` here, timed by this
+    worker or read from the first worker of the server that timed them
+    (embedserve/handler/execution/engine_trial.py)."""
+    candidates = [default] + [Candidate(engine, torch.bfloat16) for engine in challengers]
+    if "openvino" in challengers and not openvino_available():
+        log.warning("the archive lists OpenVINO among its bfloat16 engines, but the openvino package is not "
+                    "installed (pip install embedserve[openvino]); it is not tried")
+        candidates = [c for c in candidates if c.engine != "openvino"]
+    names = [candidate.name for candidate in candidates]
+    with shared_trial(trial_key(model_dir, settings, placement, names)) as trial:
+        recorded = trial.recorded
+        if recorded and recorded.get("choice") in names:
+            selection = _build(model_dir, candidates[names.index(recorded["choice"])], placement, parts)
+            selection.reasons.update(dtype=f"{recorded['reason']}, by another worker of this server",
+                                     speeds=recorded["timings"])
+            return selection
+        built = {}
+        for candidate in candidates:
+            try:
+                built[candidate.name] = _build(model_dir, candidate, placement, parts)
+            except Exception as err:  # a challenger that cannot run here is not a reason not to start
+                if candidate is default:
+                    raise
+                log.warning("%s is not tried: %s: %s", candidate.name, type(err).__name__, str(err)[:300])
+        timings = time_candidates({name: chosen.backend for name, chosen in built.items()}, parts.pad_id,
+                                  parts.max_positions)
+        choice, reason = choose(timings, default.name)
+        trial.record(choice, reason, timings)
+    log.info("engine trial: %s; %s", reason, ", ".join(f"{name}: {t.tokens_per_s:.0f} tokens/s, one text "
+                                                      f"{t.one_text_ms:.1f} ms" for name, t in timings.items()))
+    selection = built.pop(choice)
+    built.clear()  # the other candidates' models and sessions go now
+    selection.reasons.update(dtype=reason, speeds={name: asdict(timing) for name, timing in timings.items()})
+    return selection
+
+
+def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: ModelParts) -> Selection:
+    """`candidate`'s backend: its engine, in its dtype, padded or packed, with CUDA graphs where
+    the placement asks for them."""
+    placement = replace(placement, dtype=candidate.dtype)
+    engine = candidate.engine
+    reasons: dict[str, Any] = {}
     width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(parts.pooling.modes)
     head, dimension = load_head(model_dir, parts.head, width, placement.device)
     padded_parts = dict(modes=parts.pooling.modes, head=head, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
                         device=placement.device)
-    if engine == "onnxruntime":
-        transformer = OnnxTransformer(model_dir / onnx_file(placement.int8), placement.cpu_threads or 1,
-                                      lend_threads=placement.lend_cpus)
-        backend: Backend = PaddedBackend(transformer, facts={"engine": engine, "attention": "onnxruntime"},
-                                         **padded_parts)
-        reasons["layout"] = "padded: the ONNX Runtime engine runs padded passes"
+    if engine in ("onnxruntime", "openvino"):
+        if engine == "onnxruntime":
+            transformer: Any = OnnxTransformer(model_dir / onnx_file(placement.int8), placement.cpu_threads or 1,
+                                               lend_threads=placement.lend_cpus)
+        else:
+            transformer = OpenVinoTransformer(model_dir / ONNX_FILE, placement.cpu_threads or 1,
+                                              lend_threads=placement.lend_cpus, dtype=placement.dtype)
+        backend: Backend = PaddedBackend(transformer, facts={"engine": engine, "attention": engine}, **padded_parts)
+        reasons["layout"] = f"padded: the {engine} engine runs padded passes"
     else:
         model = load_model(model_dir, device=placement.device, dtype=placement.dtype,
                            int8_fp32_layers=placement.int8_fp32_layers, compile=placement.compile)
@@ -89,17 +158,16 @@ def select_backend(model_dir: Path, settings: Settings, placement: Placement, pa
         if placement.cuda_graphs:
             with torch.inference_mode():
                 backend, reasons["cuda_graphs"] = with_graphs(backend, torch_transformer.model, placement, parts)
-    log.info("backend: %s (%s)", backend.describe(), "; ".join(f"{key}: {why}" for key, why in reasons.items()))
-    return Selection(backend, dimension, reasons)
+    return Selection(backend, dimension, placement, reasons)
 
 
 def choose_engine(settings: Settings, placement: Placement, model_dir: Path | None) -> tuple[str, str]:
-    """The engine that runs the transformer, and why; a forced engine that cannot run here is a
-    settings error."""
+    """The engine that runs the transformer in the placement's dtype, and why; a forced engine
+    that cannot run here is a settings error."""
     exported = model_dir is not None and (Path(model_dir) / onnx_file(placement.int8)).is_file()
+    on_cpu = placement.device.type == "cpu" and not placement.compile and not placement.packed
     # int8 loads float32; packed passes run the torch model's own modules.
-    onnx_fits = placement.device.type == "cpu" and placement.dtype == torch.float32 and not placement.compile \
-        and not placement.packed
+    onnx_fits = on_cpu and placement.dtype == torch.float32
     if settings.engine == "onnxruntime":
         if not onnx_fits:
             raise ValueError("handler setting 'engine': onnxruntime runs float32 or int8 on a CPU (no compile, "
@@ -108,6 +176,17 @@ def choose_engine(settings: Settings, placement: Placement, model_dir: Path | No
             raise ValueError(f"handler setting 'engine': onnxruntime needs the build's {onnx_file(placement.int8)}, "
                              "which the archive does not hold (rebuild it with --set engine=auto)")
         return "onnxruntime", "the engine setting"
+    if settings.engine == "openvino":
+        if not on_cpu or placement.int8 or placement.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError("handler setting 'engine': openvino runs float32 or bfloat16 on a CPU (no int8, "
+                             "compile or packed)")
+        if not exported:
+            raise ValueError(f"handler setting 'engine': openvino needs the build's {ONNX_FILE}, which the archive "
+                             "does not hold (rebuild it with --set engine=openvino)")
+        if not openvino_available():
+            raise ValueError("handler setting 'engine': openvino needs the openvino package "
+                             "(pip install embedserve[openvino])")
+        return "openvino", "the engine setting"
     if settings.engine == "torch":
         return "torch", "the engine setting"
     if onnx_fits and exported:
