@@ -21,7 +21,7 @@ help:
 	@echo "make clean  - remove the virtual environment, archives and logs"
 
 $(VENV)/.installed: setup.cfg pyproject.toml
-	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
+	@bash scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" openvino
 	@touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from embedserve.archive.bf16_check import require_bf16, verified_engines
 from embedserve.archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
 from embedserve.archive.default_model import NAME as DEFAULT_NAME
 from embedserve.archive.default_model import fetch_default_model
@@ -113,6 +114,13 @@ def build(args: argparse.Namespace) -> Path:
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
         frontend = frontend_limits(config["handler"], dimension, args.name)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
+        if config["handler"]["device"] in ("auto", "cpu"):
+            if args.dtype == "bfloat16":
+                lines = require_bf16(stage / "model", config["handler"])
+            else:
+                config["handler"]["cpu_bf16_engines"], lines = verified_engines(stage / "model", config["handler"])
+            for line in lines:
+                print(line, file=sys.stderr)
         if args.dtype == "int8":
             from embedserve.archive.int8_calibration import calibrate, calibrate_onnx
 
@@ -232,11 +240,12 @@ def weights_revision(model_dir: Path) -> str:
 
 
 def serves_onnx(handler: dict) -> bool:
-    """Whether a worker of this build may run ONNX Runtime: float32 or int8 on a CPU (or auto), not
-    compiled, not packed."""
-    return (handler.get("engine", "auto") != "torch" and handler["device"] in ("auto", "cpu")
-            and handler["dtype"] in ("auto", "float32", "int8") and not handler.get("compile")
-            and not handler.get("packed"))
+    """Whether a worker of this build may run the ONNX export: ONNX Runtime in float32 or int8 on a
+    CPU (or auto), or OpenVINO; not compiled, not packed."""
+    engine = handler.get("engine", "auto")
+    return (engine != "torch" and handler["device"] in ("auto", "cpu")
+            and (handler["dtype"] in ("auto", "float32", "int8") or engine == "openvino")
+            and not handler.get("compile") and not handler.get("packed"))
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:

@@ -49,6 +49,15 @@ class OpenVinoTransformer:
         }) for count in sorted({threads, lend_threads} - {0})}
         self.requests = {count: compiled.create_infer_request() for count, compiled in self.compiled.items()}
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """What OpenVINO really computes in: bfloat16 asked for on a CPU without bf16 units
+        compiles to float32."""
+        import openvino
+
+        hints = {compiled.get_property("INFERENCE_PRECISION_HINT") for compiled in self.compiled.values()}
+        return torch.bfloat16 if hints == {openvino.Type.bf16} else torch.float32
+
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         threads = torch.get_num_threads()
         request = self.requests[max((count for count in self.requests if count <= threads),

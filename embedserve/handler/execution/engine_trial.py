@@ -62,10 +62,11 @@ class Timing:
     one_text_ms: float  # one text of TRIAL_LENGTH tokens
 
 
-def bf16_challengers(settings: Settings, placement: Placement, units: str | None = None) -> tuple[list[str], str]:
-    """The bfloat16 engines to time against the float32 default on this worker, and why (for
-    /info's selected_by.dtype when there are none)."""
-    units = bf16_units() if units is None else units
+def bf16_challengers(settings: Settings, placement: Placement,
+                     flags: frozenset[str] | None = None) -> tuple[list[str], str]:
+    """The bfloat16 engines to time against the float32 default on this worker (whose CPU has
+    `flags`, by default read from it), and why there are none, for /info's selected_by.dtype."""
+    units = bf16_units(flags)
     if settings.dtype != "auto":
         return [], "the dtype setting"
     if placement.device.type != "cpu":

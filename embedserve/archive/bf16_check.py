@@ -1,0 +1,92 @@
+"""The build's fidelity check of the CPU's bfloat16 engines: each is compared with float32 on
+the build's corpus, and only those within BF16_MIN_COSINE ship.
+
+A worker under `dtype: auto` on a CPU with bf16 units times the float32 default against the
+bfloat16 engines its archive lists (`cpu_bf16_engines`) and may serve one
+(embedserve/handler/execution/engine_trial.py); this check is what lets an engine into that list.
+The bar is the one half precision meets on a GPU. A model whose bfloat16 vectors fall below it
+(activations that need float32's precision) ships float32 only, and says so. A build forced to
+`--dtype bfloat16` on a CPU is refused below the bar instead.
+
+The corpus is the int8 calibration's: mixed lengths from the model's own vocabulary, a seed the
+benchmarks do not use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from embedserve.archive.corpus import mixed_corpus
+from embedserve.archive.int8_calibration import CALIBRATION_SEED, CALIBRATION_TEXTS
+from embedserve.handler.assembly import assemble
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE
+from embedserve.handler.backends.openvino_runtime import openvino_available
+from embedserve.handler.model.pooling import l2_normalize
+from embedserve.handler.settings import Settings
+
+BF16_MIN_COSINE = 0.999
+
+
+class Bf16Refused(ValueError):
+    """A build forced to bfloat16 whose vectors fall below the bar."""
+
+
+def candidate_engines(handler: dict, model_dir: Path) -> list[str]:
+    """The bfloat16 engines a CPU worker of this build could time under dtype auto."""
+    if handler["dtype"] != "auto" or handler["device"] not in ("auto", "cpu") or handler.get("engine", "auto") != "auto" \
+            or handler.get("compile") or handler.get("packed"):
+        return []
+    exported = (model_dir / ONNX_FILE).is_file()
+    return ["torch"] + (["openvino"] if exported and openvino_available() else [])
+
+
+def check_bf16(model_dir: Path, handler: dict, engines: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Each engine's least cosine to float32 on the build's corpus, where it was measured, and a
+    report line per engine."""
+    texts = mixed_corpus(model_dir / "tokenizer.json", CALIBRATION_TEXTS, seed=CALIBRATION_SEED)
+    reference = _embed(model_dir, handler, texts, engine="torch", dtype="float32")
+    cosines, lines = {}, []
+    for engine in engines:
+        vectors = _embed(model_dir, handler, texts, engine=engine, dtype="bfloat16")
+        if vectors is None:
+            lines.append(f"bfloat16 ({engine}): not verified, this CPU computes it in float32 (no bf16 units); "
+                         "build on a CPU with amx_bf16 or avx512_bf16 to ship it")
+            continue
+        cosines[engine] = round(float((vectors * reference).sum(1).min()), 6)
+        verdict = "ships" if cosines[engine] >= BF16_MIN_COSINE else "refused, below the bar"
+        lines.append(f"bfloat16 ({engine}): min cosine {cosines[engine]:.6f} to float32 over {len(texts)} texts "
+                     f"(bar {BF16_MIN_COSINE}): {verdict}")
+    return cosines, lines
+
+
+def verified_engines(model_dir: Path, handler: dict) -> tuple[list[str], list[str]]:
+    """For an auto build: the bfloat16 engines within the bar, and the report."""
+    engines = candidate_engines(handler, model_dir)
+    if not engines:
+        return [], []
+    cosines, lines = check_bf16(model_dir, handler, engines)
+    return [engine for engine, cosine in cosines.items() if cosine >= BF16_MIN_COSINE], lines
+
+
+def require_bf16(model_dir: Path, handler: dict) -> list[str]:
+    """For a build forced to bfloat16 on a CPU: its engine's report, or Bf16Refused."""
+    engine = "openvino" if handler.get("engine") == "openvino" else "torch"
+    cosines, lines = check_bf16(model_dir, handler, [engine])
+    if engine in cosines and cosines[engine] < BF16_MIN_COSINE:
+        raise Bf16Refused(f"--dtype bfloat16: the model's bfloat16 vectors differ from float32's (min cosine "
+                          f"{cosines[engine]:.6f} < {BF16_MIN_COSINE}); build it in float32")
+    return lines
+
+
+def _embed(model_dir: Path, handler: dict, texts: list[str], *, engine: str, dtype: str) -> torch.Tensor | None:
+    """The corpus's normalized vectors on a CPU worker of this engine and dtype; None where the
+    engine would compute bfloat16 in float32 here."""
+    settings = Settings.from_mapping({**handler, "device": "cpu", "dtype": dtype, "engine": engine,
+                                      "cpu_bf16_engines": [], "cache_entries": 0, "redis_url": ""})
+    service = assemble(model_dir, settings, model_name="bf16-check", cuda_available=False, warm=False)
+    transformer = getattr(service.encoder.backend, "transformer", None)
+    if dtype == "bfloat16" and getattr(transformer, "dtype", torch.bfloat16) != torch.bfloat16:
+        return None
+    return l2_normalize(service.encoder.embed(service.preparer.token_ids(texts)).vectors)
