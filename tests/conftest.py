@@ -15,7 +15,7 @@ from embedserve.scripts.serverctl import TorchServe
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, make_family
 from tests.support.redis_server import RedisServer
-from tests.support.serving import TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
+from tests.support.serving import FLOAT32, TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
 from tests.support.tiny_model import PROMPTS, make_tiny_model
 
 
@@ -56,7 +56,7 @@ def references(families):
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
-    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
+    tiny = [*FLOAT32, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1",
             "--batch-size", str(TINY_BATCH_SIZE), "--max-batch-delay", str(TINY_BATCH_DELAY_MS)]
     # The default model, exactly as `./build_mar.sh` with no model argument builds it.
     minilm = ["--workers", "1", "--batch-size", "16"]

@@ -10,13 +10,13 @@ from embedserve.handler.worker.metrics import COUNTER_FLUSH_S
 from tests.support.cache import TTL_S, embed
 from tests.support.client import concurrently, metric_growth, metric_samples, metric_samples_after, predict, vectors
 from tests.support.engines import TEXTS, matrix
-from tests.support.serving import build, make_server_config, serving
+from tests.support.serving import FLOAT32, build, make_server_config, serving
 
 
 @pytest.fixture(scope="module")
 def cached_server(tmp_path_factory, tiny_model_dir, redis_server):
     redis_server.client().flushdb()
-    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
+    tiny = [*FLOAT32, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
             "--max-batch-delay", "100", "--set", "cache_entries=10000", "--set", f"redis_url={redis_server.url}",
             "--set", f"redis_ttl_s={TTL_S}"]
     with serving(tmp_path_factory.mktemp("cached"), tiny) as ts:

@@ -14,6 +14,9 @@ from collections import Counter
 import pytest
 import requests
 
+from embedserve.handler.backends.openvino_runtime import openvino_available
+from embedserve.handler.execution.engine_trial import Timing, choose
+from embedserve.handler.worker.cpu_features import bf16_units
 from tests.support.client import concurrently
 from tests.support.fuzz import Served, run_volume
 from tests.support.serving import serving
@@ -62,6 +65,26 @@ def test_the_default_build_serves_two_workers_with_sized_limits(server):
     assert info["max_response_bytes"] >= 4096 * 384 * 17 and info["tokens_per_second"] > 0
     # The work a batch may hold comes from the measured speed and the 120 s response timeout.
     assert info["max_tokens_per_request"] == min(1_048_576, info["max_batch_work_tokens"])
+
+
+def test_the_workers_serve_the_engine_measured_fastest_here_and_agree_on_it(server):
+    """dtype auto: on a CPU with bf16 units the first worker times float32 against the bf16
+    engines the build verified and the other reads its choice; without them, float32 untimed."""
+    infos = [requests.get(f"{server.url('inference')}/predictions/{MODEL}/1.0/info", headers=server.auth(),
+                          timeout=30).json() for _ in range(8)]
+    assert len({(info["engine"], info["model_dtype"]) for info in infos}) == 1, infos
+    info, reasons = infos[0], infos[0]["selected_by"]
+    log = (server.logs / "model_log.log").read_text()
+    if bf16_units() is None:
+        assert (info["engine"], info["model_dtype"]) == ("onnxruntime", "float32") and "speeds" not in reasons
+        assert "no bfloat16 units" in reasons["dtype"] and "engine trial" not in log
+        return
+    speeds = {name: Timing(**timing) for name, timing in reasons["speeds"].items()}
+    assert {"onnxruntime float32", "torch bfloat16"} | ({"openvino bfloat16"} if openvino_available() else set()) \
+        == set(speeds)
+    assert f"{info['engine']} {info['model_dtype']}" == choose(speeds, "onnxruntime float32")[0]
+    assert log.count("engine trial: measured") == 1, log  # one worker measured ...
+    assert "by another worker of this server" in log  # ... the other read its choice
 
 
 def test_the_largest_requests_are_answered_or_refused_never_fatal(server):

@@ -11,12 +11,12 @@ from embedserve.handler.execution.faults import FAULTS_ENV
 from tests.support.client import concurrently, predict, vectors
 from tests.support.engines import matrix
 from tests.support.faults import LONG, OOM_ABOVE, POISON_TOKEN, SHORT, answers
-from tests.support.serving import serving
+from tests.support.serving import FLOAT32, serving
 
 
 @pytest.fixture(scope="module")
 def faulty_server(tmp_path_factory, tiny_model_dir):
-    tiny = ["--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
+    tiny = [*FLOAT32, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
             "--max-batch-delay", "150", "--set", "max_batch_tokens=4096"]
     faults = {FAULTS_ENV: f"oom_above_tokens={OOM_ABOVE},device_error_token={POISON_TOKEN}"}
     with serving(tmp_path_factory.mktemp("faults"), tiny, env=faults) as ts:  # the workers inherit it

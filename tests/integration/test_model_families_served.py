@@ -13,14 +13,14 @@ import pytest
 import requests
 
 from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine, st_on_ids
-from tests.support.serving import serving
+from tests.support.serving import FLOAT32, serving
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, families):
-    builds = [["--model", str(path), "--name", family, "--workers", "1"] for family, path in families.items()]
+    builds = [[*FLOAT32, "--model", str(path), "--name", family, "--workers", "1"] for family, path in families.items()]
     with serving(tmp_path_factory.mktemp("families-torchserve"), *builds) as ts:
         yield ts
 
