@@ -2,10 +2,10 @@
 
     python -m bench.run [--seconds 10] [--out bench/results]
 
-1. In-process, same model, corpus and threads: sentence-transformers `encode` vs our engine
-   (fp32 as served, on ONNX Runtime, and int8), with padding efficiency and cosine to the fp32
-   reference; and the batch planner on 32-text batches, least-cost cuts against passes filled
-   to the token budget.
+1. In-process, same model, corpus and threads: sentence-transformers `encode` (fp32, and cast to
+   bf16) vs our engine (fp32 as served, on ONNX Runtime, and int8), with padding efficiency and
+   cosine to the fp32 reference; and the batch planner on 32-text batches, least-cost cuts
+   against passes filled to the token budget.
 2. The CPU kernels: the forward pass engine by engine (bench/cpu_kernels.py); packed against
    padded passes (bench/packed.py).
 3. The CPU's fp32 matrix-multiply rate, and from it the fixed corpus's texts/s ceiling.
@@ -17,6 +17,9 @@
    clients, 1 text per request) are the median of 3 runs (bench/serving.py).
 5. `max_batch_delay` at 1, 4, 16 and 64 clients (bench/batch_delay.py), and the per-request
    path: the handler on a near-free model against a no-op handler (bench/request_path.py).
+6. The CPU's bf16 matrix units: the default build (bf16 where a start-up trial finds it
+   faster) against the float32 build and bf16 sentence-transformers (bench/cpu_bf16.py).
+The CPU's model and flags are recorded with the figures (they decide what bf16 can do).
 Results go to `<out>/bench.json` and `<out>/bench.png`; the targets are checked at the end.
 The load generator runs on the same cores as the server, as any single-machine test does.
 """
@@ -37,7 +40,8 @@ import torch
 from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.int8_calibration import calibrate
-from bench import batch_delay, packed, request_path
+from embedserve.handler.worker.cpu_features import describe_cpu
+from bench import batch_delay, cpu_bf16, packed, request_path
 from bench.cpu_kernels import compare_engines, exported_copy, int8_copy
 from bench.inprocess import (
     bench_engine, bench_planner, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine,
@@ -86,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, texts in corpora.items():
         sample = texts[: args.corpus_size]
         st, reference = bench_sentence_transformers(model_dir, sample, threads)
+        st_bf16, vectors_bf16 = bench_sentence_transformers(model_dir, sample, threads, dtype=torch.bfloat16)
         references[name] = reference
         ours, vectors = bench_engine(fp32, sample)
         ours_int8, vectors_int8 = bench_engine(int8, sample)
         results["in_process"][name] = {
             "sentence_transformers": st,
+            "sentence_transformers_bf16": {**st_bf16, **cosine_stats(vectors_bf16, reference)},
             "ours_fp32": {**ours, **cosine_stats(vectors, reference)},
             "ours_int8": {**ours_int8, **cosine_stats(vectors_int8, vectors)},
         }
@@ -128,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         if row["texts_per_request"] == 1]
     print("request path ...", file=sys.stderr)
     results["request_path"] = request_path.measure(args.seconds, clients=64)
+    print("CPU bf16: the default build against the float32 build ...", file=sys.stderr)
+    results["cpu_bf16"] = cpu_bf16.measure(model_dir, corpora, tokens, args.seconds, args.corpus_size)
 
-    results["targets"] = check_targets(results)
+    results["targets"] = check_targets(results) + results["cpu_bf16"]["targets"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2))
     from bench.plot import plot
@@ -209,8 +217,8 @@ def _target(name: str, measured, goal: str, met: bool) -> dict:
 
 
 def _machine(threads: int) -> dict:
-    return {"cpu_threads": threads, "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {"cpu": describe_cpu(), "cpu_threads": threads, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Builds served by a real TorchServe of their own, and closed-loop load runs against them.
 
-Shared by the benchmark (bench/run.py) and the packed-passes comparison (bench/packed.py), which
-both measure builds end to end the same way: a fresh archive, a warmed-up server, and the target
-shapes run several times with the median run kept.
+Shared by the benchmark (bench/run.py), the packed-passes comparison (bench/packed.py) and the
+CPU bf16 benchmark (bench/cpu_bf16.py), which all measure builds end to end the same way: a fresh
+archive, a warmed-up server, and the target shapes run several times with the median run kept.
 """
 
 from __future__ import annotations
@@ -27,20 +27,27 @@ REPEATS = 3
 
 @contextmanager
 def serve_build(dtype: str, corpora: dict, tokens: dict, concurrencies,
-                settings: tuple[str, ...] | list[str] = ()):
+                settings: tuple[str, ...] | list[str] = (), timings: dict | None = None):
     """A TorchServe of its own serving a fresh `dtype` build: (predictions URL, auth). It is warmed
-    up (bench/load.py) at each of the `concurrencies` it will be measured at that has a warm-up."""
+    up (bench/load.py) at each of the `concurrencies` it will be measured at that has a warm-up.
+    `timings`, when given, gets the seconds the archive took to build (`build_s`) and from the
+    server's start to its first embedding (`startup_s`): a worker that chooses its engine by
+    measurement pays for the trial there."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         root = Path(tmp)
         config = isolated_config(root, REPO / "config.properties", async_logging="true")
+        started = time.perf_counter()
         code = build_main(["--dtype", dtype, "--export-path", str(root / "model_store"), "--config", str(config),
                            *(arg for setting in settings for arg in ("--set", setting))])
         if code != 0:
             raise SystemExit(f"building the {dtype} archive failed")
+        built = time.perf_counter()
         server = TorchServe(config, root)
         server.start()
         try:
             server.wait_ready(timeout=600)
+            if timings is not None:
+                timings.update(build_s=round(built - started, 1), startup_s=round(time.perf_counter() - built, 1))
             url = f"{server.url('inference')}/predictions/minilm"
             # The first seconds of a load run slower (the frontend's JIT, first-seen shapes);
             # no scenario should pay for that.
@@ -55,18 +62,25 @@ def end_to_end(dtype: str, corpora: dict, tokens: dict, scenarios, seconds: floa
                settings: tuple[str, ...] | list[str] = ()) -> list[dict]:
     """One server for all `scenarios` (corpus, clients, texts per request): a row for each, the
     median of REPEATS runs for the target shapes."""
-    rows = []
     concurrencies = {concurrency for _, concurrency, _ in scenarios}
     with serve_build(dtype, corpora, tokens, concurrencies, settings) as (url, auth):
-        for corpus, concurrency, per_request in scenarios:
-            print(f"end to end {' '.join([dtype, *settings])}: {corpus}, {concurrency} clients, "
-                  f"{per_request} texts/request ...", file=sys.stderr)
-            runs = []
-            for _ in range(REPEATS if (concurrency, per_request) in TARGET_SHAPES else 1):
-                runs.append(run_load(url, auth, corpora[corpus], tokens[corpus], concurrency=concurrency,
-                                     texts_per_request=per_request, seconds=seconds).summary())
-                time.sleep(1.0)
-            rows.append({"corpus": corpus, **_median_run(runs)})
+        return run_scenarios(" ".join([dtype, *settings]), url, auth, corpora, tokens, scenarios, seconds)
+
+
+def run_scenarios(label: str, url: str, auth: dict, corpora: dict, tokens: dict, scenarios,
+                  seconds: float) -> list[dict]:
+    """end_to_end's runs against a server already up (serve_build), for callers that also ask
+    it something else, such as its /info, on the same server."""
+    rows = []
+    for corpus, concurrency, per_request in scenarios:
+        print(f"end to end {label}: {corpus}, {concurrency} clients, {per_request} texts/request ...",
+              file=sys.stderr)
+        runs = []
+        for _ in range(REPEATS if (concurrency, per_request) in TARGET_SHAPES else 1):
+            runs.append(run_load(url, auth, corpora[corpus], tokens[corpus], concurrency=concurrency,
+                                 texts_per_request=per_request, seconds=seconds).summary())
+            time.sleep(1.0)
+        rows.append({"corpus": corpus, **_median_run(runs)})
     return rows
 
 
