@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from embedserve.handler.settings import Settings
 from embedserve.handler.worker.allocator import FreedMemory, pin_mmap_threshold
 from embedserve.handler.worker.busy import BusyMark
 from embedserve.handler.worker.failures import log_failure
+from embedserve.handler.worker.frontend import answer_limit, frontend_max_response_size
 from embedserve.handler.worker.metrics import BatchReport, MetricBuffer, Row
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,9 @@ class EmbeddingHandler:
         pin_mmap_threshold()  # before the model's memory is allocated
         config = context.model_yaml_config or {}
         settings = Settings.from_mapping(config.get("handler"))
+        # The frontend drops a worker whose answer exceeds its max_response_size: refuse such requests with 413.
+        settings = replace(settings, max_response_bytes=answer_limit(settings.max_response_bytes,
+                                                                     frontend_max_response_size()))
         properties = context.system_properties
         self.service = assemble(
             Path(properties["model_dir"]) / settings.model_path,
