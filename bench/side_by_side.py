@@ -1,6 +1,6 @@
 """This tree's default build against another revision's, served at once and measured in turns.
 
-    python -m bench.side_by_side --against REV [--rounds 3] [--seconds 10] [--out DIR]
+    python -m bench.side_by_side --against REV [--new-args "--dtype float32"] [--rounds 3] [--seconds 10] [--out DIR]
 
 Each tree builds its own default archive with its own code (`./build_mar.sh` of a git worktree
 at REV, and of this checkout), each is served by a TorchServe of its own (its default workers,
@@ -8,6 +8,8 @@ lending on), and both stay up while every shape runs on one, then the other, rou
 a shared machine drifts over minutes, two servers measured side by side do not. Shapes:
 64 clients, one mixed text per request (texts/s); one client, one mixed text and one 64-token
 text per request (p50 and p99 ms). Writes DIR/side_by_side.json and prints the table.
+`--new-args` builds this checkout with build_mar.sh options (e.g. `--dtype float32`, the path a
+CPU without bf16 units serves), to compare one path of this tree with the other's default.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ SHAPES = (("mixed", 64), ("mixed", 1), ("fixed", 1))
 
 
 @contextmanager
-def served(tree: Path, root: Path):
+def served(tree: Path, root: Path, build_args: list[str] = ()):
     """A TorchServe of its own serving `tree`'s default build, built by that tree's own code:
     (predictions URL, auth headers)."""
     root.mkdir(parents=True, exist_ok=True)
     config = isolated_config(root, tree / "config.properties", async_logging="true")
-    subprocess.run([str(tree / "build_mar.sh"), "--export-path", str(root / "model_store"), "--config", str(config)],
+    subprocess.run([str(tree / "build_mar.sh"), *build_args, "--export-path", str(root / "model_store"),
+                    "--config", str(config)],
                    check=True, env={**os.environ, "PYTHON": sys.executable}, stdout=sys.stderr)
     server = TorchServe(config, root)
     server.start()
@@ -54,6 +57,7 @@ def served(tree: Path, root: Path):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.side_by_side", description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, help="the git revision to compare this checkout with")
+    parser.add_argument("--new-args", default="", help="build_mar.sh options for this checkout's build")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -64,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     corpora = {"mixed": mixed_corpus(model_dir / "tokenizer.json", 2048),
                "fixed": fixed_corpus(model_dir / "tokenizer.json", 2048, FIXED_LENGTH)}
     tokens = {name: [len(tokenizer.encode(t).ids) for t in texts] for name, texts in corpora.items()}
-    results: dict = {"against": args.against, "rounds": args.rounds, "seconds": args.seconds, "runs": []}
+    results: dict = {"against": args.against, "new_args": args.new_args, "rounds": args.rounds, "seconds": args.seconds, "runs": []}
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp, ExitStack() as stack:
         old_tree = Path(tmp) / "old"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old_tree), args.against],
                        check=True, stdout=sys.stderr)
         stack.callback(subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)])
-        servers = {name: stack.enter_context(served(tree, Path(tmp) / name))
-                   for name, tree in (("old", old_tree), ("new", REPO))}
+        servers = {name: stack.enter_context(served(tree, Path(tmp) / name, build_args))
+                   for name, tree, build_args in (("old", old_tree, []), ("new", REPO, args.new_args.split()))}
         for url, auth in servers.values():  # both warm, each while the other idles
             warm_up(url, auth, corpora["mixed"], tokens["mixed"], seconds=WARMUP_SECONDS)
         for round_ in range(args.rounds):
