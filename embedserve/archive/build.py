@@ -70,7 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-timeout", type=int, default=300, help="s a worker may take to start")
     p.add_argument("--export-path", type=Path, default=REPO / "model_store", help="where the .mar goes")
     p.add_argument("--config", type=Path, default=REPO / "config.properties", help="config.properties to update")
-    p.add_argument("--skip-check", action="store_true", help="do not test-embed the model before packing")
+    p.add_argument("--skip-check", action="store_true",
+                   help="do not test-embed the model before packing, nor check its bfloat16 CPU engines (CPU workers "
+                        "then serve float32; a forced --dtype bfloat16 is not checked)")
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="any other handler setting (repeatable), e.g. --set cache_entries=100000 "
                         "--set redis_url=redis://127.0.0.1:6379/0")
@@ -114,13 +116,7 @@ def build(args: argparse.Namespace) -> Path:
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
         frontend = frontend_limits(config["handler"], dimension, args.name)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
-        if config["handler"]["device"] in ("auto", "cpu"):
-            if args.dtype == "bfloat16":
-                lines = require_bf16(stage / "model", config["handler"])
-            else:
-                config["handler"]["cpu_bf16_engines"], lines = verified_engines(stage / "model", config["handler"])
-            for line in lines:
-                print(line, file=sys.stderr)
+        check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
             from embedserve.archive.int8_calibration import calibrate, calibrate_onnx
 
@@ -149,6 +145,22 @@ def build(args: argparse.Namespace) -> Path:
                                           "responseTimeout", "startupTimeout")}
     register_model(args.config, args.name, args.version, {"defaultVersion": True, "marName": mar.name, **entry})
     return mar
+
+
+def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> None:
+    """List the CPU bfloat16 engines within the bar in the handler section, or refuse a forced
+    bfloat16 below it (embedserve/archive/bf16_check.py); a GPU-only build has none."""
+    if handler["device"] not in ("auto", "cpu") or args.dtype not in ("auto", "bfloat16"):
+        return
+    if args.skip_check:
+        print("bfloat16 CPU engines: not checked (--skip-check); CPU workers serve float32", file=sys.stderr)
+        return
+    if args.dtype == "bfloat16":
+        lines = require_bf16(model_dir, handler)
+    else:
+        handler["cpu_bf16_engines"], lines = verified_engines(model_dir, handler)
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def frontend_limits(handler: dict, dimension: int, name: str) -> dict[str, int]:

@@ -98,4 +98,10 @@ def test_the_build_lists_the_bf16_engines_it_verified(tiny_model_dir, config, ca
     assert "torch" in shipped  # a random tiny BERT carries bf16 well
     # Forced choices are not timed against anything: the list stays empty.
     assert run_build(config, "--model", str(tiny_model_dir), "--name", "fp32", "--dtype", "float32") == 0
-    assert handler_of(config, "fp32")["cpu_bf16_engines"] == []
+    assert handler_of(config, "fp32").get("cpu_bf16_engines", []) == []
+
+
+def test_skip_check_ships_no_bf16_engine_and_says_so(tiny_model_dir, config, capsys):
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "unchecked", "--skip-check") == 0
+    assert handler_of(config, "unchecked").get("cpu_bf16_engines", []) == []
+    assert "bfloat16 CPU engines: not checked (--skip-check)" in capsys.readouterr().err
