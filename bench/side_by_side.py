@@ -25,6 +25,8 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import requests
+
 from bench.load import WARMUP_SECONDS, run_load, warm_up
 from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
@@ -76,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)])
         servers = {name: stack.enter_context(served(tree, Path(tmp) / name, build_args))
                    for name, tree, build_args in (("old", old_tree, []), ("new", REPO, args.new_args.split()))}
-        for url, auth in servers.values():  # both warm, each while the other idles
+        for name, (url, auth) in servers.items():  # both warm, each while the other idles
             warm_up(url, auth, corpora["mixed"], tokens["mixed"], seconds=WARMUP_SECONDS)
+            info = requests.get(f"{url}/1.0/info", headers=auth, timeout=30).json()  # what each build serves
+            results.setdefault("served", {})[name] = {key: info.get(key) for key in ("engine", "model_dtype")}
         for round_ in range(args.rounds):
             for corpus, clients in SHAPES:
                 for name, (url, auth) in servers.items():
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     results["summary"] = _summary(results["runs"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "side_by_side.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results["served"]))
     for row in results["summary"]:
         print(json.dumps(row))
     return 0
