@@ -27,8 +27,9 @@ Outcome = Union[tuple[torch.Tensor, frozenset[int]], RequestError]
 
 def shape_vectors(jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, Outcome]:
     """Each request's vectors as it asked: Matryoshka truncation first, then normalization, so
-    truncated vectors are unit length. The rows of all requests that ask for one `dimensions`
-    are normalized together, in one operation."""
+    truncated vectors are unit length. This is also where a pipeline's final Normalize runs (the
+    encoder leaves it out, model/head.py): `"normalize": false` keeps the vector before it. The
+    rows of all requests that ask for one `dimensions` are normalized together, in one operation."""
     groups: dict[int | None, list[int]] = {}
     for index, job in jobs.items():
         outcome = outcomes[index]

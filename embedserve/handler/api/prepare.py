@@ -188,12 +188,15 @@ class RequestPreparer:
             smaller = ", or \"encoding_format\": \"base64\"" if answer_bytes("base64") < answer else ""
             raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
                             f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
-                            f"per answer: send fewer inputs per request, fewer 'dimensions'{smaller}",
+                            "per answer (the archive's, or TorchServe's max_response_size where lower): send fewer "
+                            f"inputs per request, fewer 'dimensions'{smaller}",
                             param=request.field)
+        # Only the answer's own normalization makes unit vectors: the pipeline's final Normalize
+        # is left to it (model/head.py), so `normalize: false` gives vectors of any length.
         if options.output_dtype in SCALAR_DTYPES and not normalize:
-            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] and needs "
-                                "normalized embeddings; drop \"normalize\": false or use float/binary",
-                                param="output_dtype")
+            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] of "
+                                "normalized vectors; with \"normalize\": false they are not unit length: drop "
+                                "\"normalize\": false or use float/binary", param="output_dtype")
 
     def _prompt(self, name: str | None) -> Prompt:
         if name is None:

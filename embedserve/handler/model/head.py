@@ -2,6 +2,10 @@
 Linear, its activation, an optional residual), LayerNorm and Normalize, loaded from their folders'
 safetensors and run in float32 on the model's device, after pooling, as sentence-transformers
 runs them (LaBSE: CLS pooling, Dense with tanh, Normalize).
+
+A Normalize that ends the pipeline is left to the answer (api/output.py), which normalizes per
+request: `"normalize": true` (the default) gives the pipeline's own unit vectors, `false` the
+vector before that last step, as TEI serves it. A Normalize with modules after it stays.
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ class LayerNorm(torch.nn.Module):
 
 def load_head(model_dir: Path, modules: Sequence[HeadModule], in_features: int,
               device: torch.device) -> tuple[torch.nn.Sequential | None, int]:
-    """The modules in order, weights loaded strictly (None when the pipeline has none), and the
-    width of the vector they give."""
+    """The modules in order but a final Normalize, weights loaded strictly (None when no module
+    is left), and the width of the vector they give."""
+    modules = without_final_normalize(modules)
     if not modules:
         return None, in_features
     layers = []
@@ -76,6 +81,14 @@ def load_head(model_dir: Path, modules: Sequence[HeadModule], in_features: int,
         _load_weights(layer, model_dir / module.folder)
         layers.append(layer)
     return torch.nn.Sequential(*layers).to(device=device, dtype=torch.float32).eval(), width
+
+
+def without_final_normalize(modules: Sequence[HeadModule]) -> list[HeadModule]:
+    """The modules the encoder runs: the pipeline's, less the Normalize modules that end it."""
+    modules = list(modules)
+    while modules and modules[-1].kind == "Normalize":
+        modules.pop()
+    return modules
 
 
 def _load_weights(layer: torch.nn.Module, folder: Path) -> None:
