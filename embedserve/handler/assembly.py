@@ -36,6 +36,10 @@ from embedserve.handler.worker.cpu_lending import CpuLending
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warm-up: the worker embeds this once before it reports ready."
+# What a cached vector is, in the cache's keys: a change of meaning gets new keys, so a shared
+# Redis never answers with an older version's vectors. 2: the encoder's output before the
+# pipeline's final Normalize (unit vectors before, which `normalize: false` cannot undo).
+CACHED_VECTORS = "vectors-2"
 
 
 def assemble(model_dir: str | Path, settings: Settings, *, model_name: str, gpu_id: int | None = None,
@@ -91,7 +95,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         else f"{placement.dtype}:{runs['engine']}"
     dtype += f":{runs['layout']}"
     cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
-                       identity=f"{settings.revision}|{dtype}|{'/'.join(description.modules)}")
+                       identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(description.modules)}")
     preparer = RequestPreparer(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                                max_length=max_length, prompts=description.prompts, default_prompt=default_prompt,
                                include_prompt=encoder.pooling.include_prompt)
