@@ -21,6 +21,10 @@ import numpy as np
 import torch
 
 PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# OpenVINO keeps memory for every input shape it has run (all-MiniLM-L6-v2: a worker grew from
+# 626 to 894 MB over 2,048 mixed texts in batches of 32, ONNX Runtime's stayed at 559). Passes
+# padded to a multiple of 8 tokens run fewer shapes: 683 MB, at the same texts/s.
+PAD_MULTIPLE = 8
 
 
 def openvino_available() -> bool:

@@ -31,6 +31,7 @@ from transformers import AutoConfig
 from embedserve.handler.backends.base import Backend
 from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, GraphRunner
 from embedserve.handler.backends.onnx_runtime import ONNX_FILE, OnnxTransformer, onnx_file
+from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE as OPENVINO_PAD_MULTIPLE
 from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, openvino_available
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_ladder
@@ -145,6 +146,7 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
         else:
             transformer = OpenVinoTransformer(model_dir / ONNX_FILE, placement.cpu_threads or 1,
                                               lend_threads=placement.lend_cpus, dtype=placement.dtype)
+            padded_parts["pad_multiple"] = max(placement.pad_multiple, OPENVINO_PAD_MULTIPLE)
         backend: Backend = PaddedBackend(transformer, facts={"engine": engine, "attention": engine}, **padded_parts)
         reasons["layout"] = f"padded: the {engine} engine runs padded passes"
     else:

@@ -225,3 +225,15 @@ def test_openvino_refuses_what_it_cannot_run(tiny_model_dir, onnx_model_dir):
         make_engine(tiny_model_dir, engine="openvino")
     with pytest.raises(ValueError, match="openvino runs float32 or bfloat16 on a CPU"):
         make_engine(onnx_model_dir, engine="openvino", dtype="int8")
+
+
+@pytest.mark.skipif(not openvino_available(), reason="the openvino package is not installed")
+def test_openvino_passes_are_padded_to_few_shapes_and_match_float32(onnx_model_dir):
+    from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE
+
+    engine = make_engine(onnx_model_dir, dtype="float32", engine="openvino")
+    inputs = engine.encoder.backend.prepare([[5] * 13, [6] * 3], None)
+    assert inputs.ids.shape == (2, 16) and PAD_MULTIPLE == 8
+    got = engine.encoder.embed(engine.preparer.token_ids(TEXTS)).vectors
+    want = make_engine(onnx_model_dir, dtype="float32").encoder.embed(engine.preparer.token_ids(TEXTS)).vectors
+    assert torch.nn.functional.cosine_similarity(got, want).min() > 0.9999
