@@ -323,7 +323,7 @@ client = OpenAI(base_url="{base}/predictions/{name}/{version}/v1", api_key="{key
 print(client.embeddings.create(model="{name}", input=["hello world"]).data[0].embedding[:4])
 EOF
 
-Keys: {server.workdir / 'key_file.json'} (they expire; see README). Logs: {server.logs}. Stop: make stop
+Keys: {server.workdir / 'key_file.json'} (they expire after 60 minutes; see docs/operations.md, Keys). Logs: {server.logs}. Stop: make stop
 """
 
 

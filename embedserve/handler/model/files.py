@@ -140,7 +140,7 @@ def check_architecture(config: dict[str, Any]) -> None:
     if model_type not in CONFIG_MAPPING:
         remote = " and ships its own code (auto_map), which this server never runs" if config.get("auto_map") else ""
         raise ModelFilesError(f"model_type '{model_type}' is not an architecture of the installed transformers"
-                              f"{remote}; see the README's list of supported families")
+                              f"{remote}; see the supported families in docs/models.md")
 
 
 def usable_positions(config: dict[str, Any]) -> int | None:
