@@ -48,7 +48,17 @@ def served(tree: Path, root: Path, build_args: list[str] = ()):
                     "--config", str(config)],
                    check=True, env={**os.environ, "PYTHON": sys.executable}, stdout=sys.stderr)
     server = TorchServe(config, root)
-    server.start()
+    # The workers import `embedserve` from the tree on PYTHONPATH first: without it, an
+    # environment with this checkout installed editable would serve this checkout's code for both.
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)
+    try:
+        server.start()
+    finally:
+        if previous is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = previous
     try:
         server.wait_ready(timeout=600)
         yield f"{server.url('inference')}/predictions/minilm", server.auth()
