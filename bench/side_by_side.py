@@ -46,7 +46,8 @@ def served(tree: Path, root: Path, build_args: list[str] = ()):
     config = isolated_config(root, tree / "config.properties", async_logging="true")
     subprocess.run([str(tree / "build_mar.sh"), *build_args, "--export-path", str(root / "model_store"),
                     "--config", str(config)],
-                   check=True, env={**os.environ, "PYTHON": sys.executable}, stdout=sys.stderr)
+                   check=True, env={**os.environ, "PYTHON": sys.executable}, stdout=sys.stderr,
+                   cwd=tree)  # `python -m` imports from its working directory first
     server = TorchServe(config, root)
     # The workers import `embedserve` from the tree on PYTHONPATH first: without it, an
     # environment with this checkout installed editable would serve this checkout's code for both.
