@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 BENCH_GPU_OUT ?= bench/results/gpu
 
-.PHONY: serve stop test bench bench-gpu gpu-travel loadtest soak mar clean help
+.PHONY: serve stop test fuzz bench bench-gpu gpu-travel loadtest soak mar clean help
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
 	@echo "make stop   - stop TorchServe"
 	@echo "make test   - install the test extras and run the whole suite"
+	@echo "make fuzz   - schemathesis against a server it starts, from the served OpenAPI document (>= 10,000 requests)"
 	@echo "make bench  - benchmark against sentence-transformers; results in bench/results/"
 	@echo "make bench-gpu - the GPU path in one run (CUDA when available, else CPU mode); results in $(BENCH_GPU_OUT)/"
 	@echo "make gpu-travel - what scripts/gpu_run.sh needs on a GPU machine without network, in build/gpu/ (docs/gpu.md)"
@@ -68,6 +69,12 @@ test: $(VENV)/.installed-test
 	@bash scripts/require_java.sh
 	@bash scripts/require_redis.sh
 	$(PY) -m pytest
+
+# The CI fuzzer (about 200 examples per operation) at a size of over 10,000 requests; prints its summary.
+FUZZ_EXAMPLES ?= 2500
+fuzz: $(VENV)/.installed-test
+	@bash scripts/require_java.sh
+	EMBEDSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/integration/test_openapi.py -q -s -p no:cacheprovider
 
 clean: stop
 	rm -rf $(VENV) model_store logs .run key_file.json *.egg-info

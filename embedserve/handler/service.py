@@ -18,8 +18,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from embedserve.handler.api.codec import Route, encode_error, encode_info, encode_tokens, parse_request
-from embedserve.handler.api.errors import RequestError, internal_error, overloaded, unavailable
+from embedserve.handler.api.codec import (ALLOWED_METHOD, EmbeddingRequest, Route, encode_error, encode_info,
+                                          encode_tokens, parse_request)
+from embedserve.handler.api.errors import (METHOD_NOT_ALLOWED, RequestError, internal_error, overloaded, too_large,
+                                           unavailable)
+from embedserve.handler.api.openapi import ServedModel, openapi_document
 from embedserve.handler.api.output import RETRY_LATER, Outcome, answer, error_body, shape_vectors
 from embedserve.handler.api.prepare import Checked, Job, RequestPreparer
 from embedserve.handler.execution.encoder import Encoder
@@ -39,6 +42,7 @@ class RawRequest:
     body: Any
     content_type: str | None = None
     url_path: str | None = None
+    method: str | None = None  # None where the server does not say (TorchServe; codec.check_method)
 
 
 @dataclass(frozen=True)
@@ -60,12 +64,15 @@ class EmbeddingService:
         self._info = info
         self.tokens_per_second: float | None = None  # measured at warm-up
         self.budget: WorkBudget | None = None  # each batch's work; None until bound after warm-up
+        self.model_version = "1.0"  # the URL's version segment, for the OpenAPI document's paths
+        self._openapi: bytes | None = None
 
     def with_encoder(self, encoder: Encoder) -> "EmbeddingService":
         """This service's twin, embedding through `encoder` (its measured speed and work budget kept)."""
         twin = EmbeddingService(self.preparer, encoder, self.settings, model_name=self.model_name, cache=self.cache,
                                 info=self._info)
         twin.tokens_per_second, twin.budget = self.tokens_per_second, self.budget
+        twin.model_version = self.model_version
         return twin
 
     @property
@@ -79,6 +86,31 @@ class EmbeddingService:
     def info(self) -> dict[str, Any]:
         return self._info(self)
 
+    def openapi(self) -> dict[str, Any]:
+        """The OpenAPI document of this service's routes, with its model's real values and limits."""
+        preparer = self.preparer
+        return openapi_document(ServedModel(
+            name=self.model_name, version=self.model_version, dimension=preparer.dimension,
+            max_length=preparer.max_length, vocab_size=preparer.tokenizer.vocab_size,
+            prompts=tuple(sorted(preparer.prompts)), settings=self.settings,
+            max_tokens_per_request=self.max_request_tokens))
+
+    def _openapi_body(self) -> bytes:
+        # Built on first use: the limits are final once the worker has measured its speed.
+        if self._openapi is None:
+            self._openapi = encode_info(self.openapi())
+        return self._openapi
+
+    def _tokens_body(self, request: EmbeddingRequest) -> bytes:
+        """/tokenize's answer, refused when larger than TorchServe passes on (it would drop the
+        worker): its size is known only once built, about 60 bytes a token."""
+        body = encode_tokens(self.preparer.tokens(request))
+        if len(body) > self.settings.max_response_bytes:
+            raise too_large(f"the answer lists the tokens of '{request.field}' in {len(body)} bytes; the server "
+                            f"sends at most max_response_bytes={self.settings.max_response_bytes} per answer: "
+                            "send fewer or shorter inputs", param=request.field)
+        return body
+
     def handle(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
         return self.handle_with_report(raw_requests)[0]
 
@@ -90,11 +122,13 @@ class EmbeddingService:
         for index, raw in enumerate(raw_requests):
             request = None
             try:
-                request = parse_request(raw.body, raw.content_type, raw.url_path)
+                request = parse_request(raw.body, raw.content_type, raw.url_path, raw.method)
                 if request.route is Route.TEI_INFO:
                     bodies[index] = (200, encode_info(self.info()))
+                elif request.route is Route.OPENAPI:
+                    bodies[index] = (200, self._openapi_body())
                 elif request.route is Route.TEI_TOKENIZE:
-                    bodies[index] = (200, encode_tokens(self.preparer.tokens(request)))
+                    bodies[index] = (200, self._tokens_body(request))
                 else:
                     checked[index] = self.preparer.check(request)
             except RequestError as err:
@@ -126,8 +160,7 @@ class EmbeddingService:
             report.statuses[status] = report.statuses.get(status, 0) + 1
         # Counts only: request text never reaches the logs.
         log.debug("batch: %s", report)
-        return [Response(status, body, {**headers, **({"retry-after": "1"} if status in RETRY_LATER else {})})
-                for status, body in bodies], report
+        return [Response(status, body, {**headers, **_status_headers(status)}) for status, body in bodies], report
 
     def _admit(self, jobs: dict[int, Job], bodies: list[tuple[int, bytes] | None]) -> dict[int, Job]:
         """The requests this batch's work budget holds, in arrival order; the others are answered
@@ -200,6 +233,15 @@ class EmbeddingService:
         """503 for every request: what a worker answers after its device failed."""
         body = encode_error(unavailable(f"{reason}; this worker is being replaced, retry the request"))
         return [Response(503, body, {"retry-after": "1"}) for _ in raw_requests]
+
+
+def _status_headers(status: int) -> dict[str, str]:
+    """What a status asks of the client: retry after a moment, or use the method allowed."""
+    if status in RETRY_LATER:
+        return {"retry-after": "1"}
+    if status == METHOD_NOT_ALLOWED.status:
+        return {"allow": ALLOWED_METHOD}
+    return {}
 
 
 def _since(clock: float) -> tuple[float, float]:

@@ -6,6 +6,7 @@ moves each request's body and headers in and each response's status, headers and
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -68,6 +69,8 @@ class EmbeddingHandler:
             workers=int(config.get("minWorkers") or 1),
             response_timeout_s=float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S),
         )
+        # The URL's version segment, which the OpenAPI document's paths hold.
+        self.service.model_version = str((context.manifest or {}).get("model", {}).get("modelVersion") or "1.0")
         self.busy = BusyMark()
         self.initialized = True
         info = self.service.info()
@@ -125,9 +128,16 @@ class EmbeddingHandler:
 
 
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:
-    # A plain POST body arrives as the parameter "body" (or "data" from some clients).
+    # A plain POST body arrives as the parameter "body" (or "data" from some clients). TorchServe
+    # passes the headers and the body but not the HTTP method: method stays None, and the codec
+    # tells a GET by its missing body and content type.
     body = row.get("body", row.get("data"))
-    return RawRequest(body=body, content_type=_content_type(idx, context), url_path=_header(idx, context, "url_path"))
+    content_type = _content_type(idx, context)
+    if isinstance(body, str) and content_type == "application/json":
+        # TorchServe decoded the JSON body, a JSON string: give the codec what was sent, so that
+        # it is refused as JSON that is not an object instead of taken for a text/plain body.
+        body = json.dumps(body)
+    return RawRequest(body=body, content_type=content_type, url_path=_header(idx, context, "url_path"))
 
 
 def _content_type(idx: int, context: Context) -> str | None:

@@ -9,9 +9,16 @@ Routes, by the path after `/predictions/<model>/<version>/` (TorchServe's `url_p
   "embed"          TEI /embed
   "tokenize"       TEI /tokenize
   "info"           TEI /info (any method, any body)
+  "openapi.json"   the OpenAPI document of these routes (any method, any body; openapi.py)
 
 Body decoding: a `text/*` content type means the whole body is one text; anything else is
-parsed as JSON. Unknown JSON fields (OpenAI's `user`, say) are accepted and ignored.
+parsed as JSON. OpenAI's `model` and `user` must be strings and are ignored; other unknown JSON
+fields are accepted and ignored.
+
+The embedding and tokenize routes take POST. TorchServe passes the handler a request's headers
+and body but not its method (and answers OPTIONS itself), so where the adapter cannot say the
+method, a request with neither a body nor a content type, which is what a GET sends, is answered
+405; a body sent with another method is served as if POSTed.
 """
 
 from __future__ import annotations
@@ -25,11 +32,32 @@ from typing import Any, Union
 import numpy as np
 import orjson
 
-from embedserve.handler.api.errors import RequestError, empty, malformed, not_found
+from embedserve.handler.api.errors import RequestError, empty, malformed, method_not_allowed, not_found
 from embedserve.handler.api.quantize import OUTPUT_DTYPES
 
 ENCODING_FORMATS = ("float", "base64")
 TRUNCATION_DIRECTIONS = ("right", "left")
+
+# Every option of a request body, parsed alike on every route: its JSON type and, for a string,
+# its values (the first is the default; none listed: any string). A missing field or null means
+# the default. The OpenAPI document (openapi.py) is built from this table.
+OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
+    "normalize": (bool, ()),
+    "truncate": (bool, ()),
+    "truncation_direction": (str, TRUNCATION_DIRECTIONS),
+    "prompt_name": (str, ()),
+    "dimensions": (int, ()),  # a positive integer
+    "output_dtype": (str, OUTPUT_DTYPES),
+    "encoding_format": (str, ENCODING_FORMATS),
+    "add_special_tokens": (bool, ()),  # /tokenize only
+}
+# Options whose values are matched in any case: TEI clients send "Left" and "Right".
+CASE_INSENSITIVE = ("truncation_direction",)
+# OpenAI's request fields the URL makes needless: checked to be strings, then ignored.
+IGNORED_FIELDS = ("model", "user")
+
+# The method the embedding and tokenize routes take; /info and openapi.json take any.
+ALLOWED_METHOD = "POST"
 
 # One input: a text, or pre-tokenized ids (OpenAI's token-array input).
 Input = Union[str, tuple[int, ...]]
@@ -41,10 +69,16 @@ class Route(Enum):
     TEI_EMBED = "embed"
     TEI_TOKENIZE = "tokenize"
     TEI_INFO = "info"
+    OPENAPI = "openapi.json"
 
     @property
     def tei(self) -> bool:
         return self in _TEI_ROUTES
+
+    @property
+    def any_method(self) -> bool:
+        """Routes that describe the server: any method, any body."""
+        return self in (Route.TEI_INFO, Route.OPENAPI)
 
 
 _TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO))
@@ -82,16 +116,19 @@ def parse_route(url_path: str | None) -> Route:
     raise not_found(f"unknown route '{path}' after /predictions/<model>/<version>/; known: {known}")
 
 
-def parse_request(body: Any, content_type: str | None, url_path: str | None) -> EmbeddingRequest:
-    """Decode and validate one request's shape; raise RequestError naming the faulty field."""
+def parse_request(body: Any, content_type: str | None, url_path: str | None,
+                  method: str | None = None) -> EmbeddingRequest:
+    """Decode and validate one request's shape; raise RequestError naming the faulty field.
+    `method`: the HTTP method, None where the server does not say (TorchServe)."""
     route = parse_route(url_path)
     try:
-        if route is Route.TEI_INFO:
+        if route.any_method:
             return EmbeddingRequest(route)
+        check_method(method, body, content_type)
         payload = decode_body(body, content_type)
-        if isinstance(payload, str):
+        if isinstance(payload, str) and is_text(content_type):
             return EmbeddingRequest(route, (_check_text(payload, "body"),), field="body")
-        if not isinstance(payload, dict):
+        if not isinstance(payload, dict):  # a JSON string is not a text/plain body
             raise malformed("request body must be a JSON object", param="body")
         if route is Route.NATIVE and "input" not in payload and "inputs" in payload:
             route = Route.TEI_EMBED  # Hugging Face clients post TEI bodies to the bare model URL
@@ -103,6 +140,21 @@ def parse_request(body: Any, content_type: str | None, url_path: str | None) -> 
     except RequestError as err:
         err.tei = route.tei
         raise
+
+
+def check_method(method: str | None, body: Any, content_type: str | None) -> None:
+    """405 for a method other than POST; where the method is unknown, for a request with neither
+    a body nor a content type: a GET (a POST without a body is refused either way)."""
+    if method is not None:
+        if method.upper() != ALLOWED_METHOD:
+            raise method_not_allowed(f"method {method.upper()} is not allowed on this route; "
+                                     f"it takes {ALLOWED_METHOD} with a JSON body")
+        return
+    if isinstance(body, (bytes, bytearray, str)) and not body and not content_type:
+        raise method_not_allowed(
+            f"this route takes {ALLOWED_METHOD} with a JSON body; the request came with neither a body nor "
+            "a content type, as a GET does (the server does not pass the method on, so a request of any "
+            "method without a body is answered this way)")
 
 
 def decode_body(body: Any, content_type: str | None) -> Any:
@@ -124,7 +176,7 @@ def decode_body(body: Any, content_type: str | None) -> Any:
             raise malformed(f"request body is not valid UTF-8 (byte {err.start})", param="body") from None
     if not isinstance(body, str):
         raise malformed("request body has an unsupported type", param="body")
-    if (content_type or "").lower().startswith("text/"):
+    if is_text(content_type):
         return body
     try:
         return _without_surrogates(json.loads(body))
@@ -136,6 +188,13 @@ def decode_body(body: Any, content_type: str | None) -> Any:
         ) from None
     except RecursionError:
         raise malformed("request body is nested too deeply", param="body") from None
+    except ValueError as err:  # an integer of more digits than Python converts (4300)
+        raise malformed(f"request body is not valid JSON here ({err})", param="body") from None
+
+
+def is_text(content_type: str | None) -> bool:
+    """A text/* body is one text, whatever it holds."""
+    return (content_type or "").lower().startswith("text/")
 
 
 def _without_surrogates(value: Any) -> Any:
@@ -198,7 +257,7 @@ def _check_ids(ids: list, param: str) -> tuple[int, ...]:
         raise empty(f"'{param}' must not be an empty list of token ids", param=param)
     for j, token in enumerate(ids):
         if not _is_int(token) or token < 0:
-            raise malformed(f"'{param}[{j}]' must be a non-negative integer token id, got {token!r}",
+            raise malformed(f"'{param}[{j}]' must be a non-negative integer token id, got {_short(token)}",
                             param=f"{param}[{j}]")
     return tuple(ids)
 
@@ -208,47 +267,35 @@ def _is_int(value: Any) -> bool:
 
 
 def _parse_options(payload: dict[str, Any]) -> Options:
-    return Options(
-        normalize=_optional_bool(payload, "normalize"),
-        truncate=_optional_bool(payload, "truncate"),
-        truncation_direction=_choice(payload, "truncation_direction", TRUNCATION_DIRECTIONS, lower=True),
-        prompt_name=_optional_str(payload, "prompt_name"),
-        dimensions=_optional_positive_int(payload, "dimensions"),
-        output_dtype=_choice(payload, "output_dtype", OUTPUT_DTYPES),
-        encoding_format=_choice(payload, "encoding_format", ENCODING_FORMATS),
-        add_special_tokens=_optional_bool(payload, "add_special_tokens") is not False,
-    )
+    for key in IGNORED_FIELDS:
+        _option(payload, key, str, ())
+    values = {key: _option(payload, key, kind, choices) for key, (kind, choices) in OPTION_TYPES.items()}
+    return Options(**{key: value for key, value in values.items() if value is not None})
 
 
-def _optional_bool(payload: dict, key: str) -> bool | None:
-    value = payload.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise malformed(f"'{key}' must be true or false, got {_json_type(value)}", param=key)
-    return value
-
-
-def _optional_str(payload: dict, key: str) -> str | None:
-    value = payload.get(key)
-    if value is not None and not isinstance(value, str):
-        raise malformed(f"'{key}' must be a string, got {_json_type(value)}", param=key)
-    return value
-
-
-def _optional_positive_int(payload: dict, key: str) -> int | None:
-    value = payload.get(key)
-    if value is not None and (not _is_int(value) or value < 1):
-        raise malformed(f"'{key}' must be a positive integer, got {value!r}", param=key)
-    return value
-
-
-def _choice(payload: dict, key: str, choices: tuple[str, ...], lower: bool = False) -> str:
+def _option(payload: dict, key: str, kind: type, choices: tuple[str, ...]) -> Any:
+    """The option's value, None where it is missing or null; refuses a wrong type or value."""
     value = payload.get(key)
     if value is None:
-        return choices[0]
-    normalized = value.lower() if lower and isinstance(value, str) else value
-    if normalized not in choices:
-        raise malformed(f"'{key}' must be one of {', '.join(choices)}, got {value!r}", param=key)
-    return normalized
+        return None
+    if kind is bool and not isinstance(value, bool):
+        raise malformed(f"'{key}' must be true or false, got {_json_type(value)}", param=key)
+    if kind is int and (not _is_int(value) or value < 1):
+        raise malformed(f"'{key}' must be a positive integer, got {_json_type(value)} {_short(value)}", param=key)
+    if kind is str and not isinstance(value, str):
+        raise malformed(f"'{key}' must be a string, got {_json_type(value)}", param=key)
+    if choices:
+        normalized = value.lower() if key in CASE_INSENSITIVE else value
+        if normalized not in choices:
+            raise malformed(f"'{key}' must be one of {', '.join(choices)}, got {_short(value)}", param=key)
+        return normalized
+    return value
+
+
+def _short(value: Any) -> str:
+    """A value for a message: its repr, cut short (a 4000-digit number, a long string)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _json_type(value: Any) -> str:
