@@ -87,6 +87,16 @@ def test_the_workers_serve_the_engine_measured_fastest_here_and_agree_on_it(serv
     assert "by another worker of this server" in log  # ... the other read its choice
 
 
+def test_the_default_build_serves_a_valid_document_with_minilm_s_values(server):
+    from openapi_spec_validator import validate
+
+    base = f"{server.url('inference')}/predictions/{MODEL}/1.0"
+    document = requests.get(f"{base}/openapi.json", headers=server.auth(), timeout=60).json()
+    validate(document)
+    limits = document["info"]["x-limits"]
+    assert (limits["dimension"], limits["max_input_length"], limits["max_inputs_per_request"]) == (384, 256, 4096)
+
+
 def test_the_largest_requests_are_answered_or_refused_never_fatal(server):
     before = identities(server)
     short = [f"short text number {i}" for i in range(4096)]

@@ -92,3 +92,19 @@ def test_openai_client_and_tei_route_serve_the_pipeline(server, references):
     raw = requests.post(f"{server.url('inference')}/predictions/bert_dense/1.0/v1/embeddings",
                         json={"input": "hello", "encoding_format": "base64"}, headers=server.auth(), timeout=60)
     assert np.frombuffer(base64.b64decode(raw.json()["data"][0]["embedding"]), dtype="<f4").shape == (24,)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_serves_a_valid_document_with_its_own_values(server, family):
+    """The OpenAPI document of every family's model names its own dimension, length and limits."""
+    from openapi_spec_validator import validate
+
+    base = f"{server.url('inference')}/predictions/{family}/1.0"
+    document = requests.get(f"{base}/openapi.json", headers=server.auth(), timeout=60).json()
+    info = requests.get(f"{base}/info", headers=server.auth(), timeout=60).json()
+    validate(document)
+    assert document["info"]["x-limits"] == {
+        "dimension": info["embedding_dimension"], "max_input_length": info["max_input_length"],
+        "max_inputs_per_request": info["max_client_batch_size"], "max_input_chars": info["max_input_chars"],
+        "max_tokens_per_request": info["max_tokens_per_request"], "max_response_bytes": info["max_response_bytes"]}
+    assert f"/predictions/{family}/1.0/v1/embeddings" in document["paths"]
