@@ -19,6 +19,8 @@ import numpy as np
 import onnxruntime
 import torch
 
+from embedserve.handler.worker.cpu_lending import for_threads
+
 ONNX_FILE = "transformer.onnx"
 # The same graph with ONNX Runtime's dynamic int8 quantization, calibrated by the build
 # (embedserve/archive/int8_calibration.py).
@@ -62,8 +64,7 @@ class OnnxTransformer:
         return load_session(self.path, options)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        threads = torch.get_num_threads()
-        session = self.sessions[max((count for count in self.sessions if count <= threads), default=min(self.sessions))]
+        session = for_threads(self.sessions, torch.get_num_threads())  # lending sets torch's count
         feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
                 "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
         return torch.from_numpy(session.run(["last_hidden_state"], feed)[0])

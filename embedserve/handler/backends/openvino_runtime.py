@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embedserve.handler.worker.cpu_lending import for_threads
+
 PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # OpenVINO keeps memory for every input shape it has run (all-MiniLM-L6-v2: a worker grew from
 # 626 to 894 MB over 2,048 mixed texts in batches of 32, ONNX Runtime's stayed at 559). Passes
@@ -63,9 +65,7 @@ class OpenVinoTransformer:
         return torch.bfloat16 if hints == {openvino.Type.bf16} else torch.float32
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        threads = torch.get_num_threads()
-        request = self.requests[max((count for count in self.requests if count <= threads),
-                                    default=min(self.requests))]
+        request = for_threads(self.requests, torch.get_num_threads())  # lending sets torch's count
         outputs = request.infer({"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
                                  "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)})
         # The request's output buffer is reused by its next pass: copy it out.

@@ -26,13 +26,23 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, Mapping, TypeVar
 
 log = logging.getLogger(__name__)
 
 # How long a worker waits for its home CPUs to come back from a borrower before running
 # anyway: a borrowed pass is small, so this only matters if the borrower is stuck.
 HOME_WAIT_S = 1.0
+
+
+T = TypeVar("T")
+
+
+def for_threads(by_threads: Mapping[int, T], threads: int) -> T:
+    """Of runtimes built per thread count (ONNX Runtime sessions, OpenVINO compiled models fix
+    their threads when made), the one for a pass on `threads`: the largest that fits, else the
+    smallest."""
+    return by_threads[max((count for count in by_threads if count <= threads), default=min(by_threads))]
 
 
 def lock_directory() -> Path:
