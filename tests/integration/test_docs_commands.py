@@ -1,0 +1,216 @@
+"""Every command of the README and docs/*.md runs as written against a real server, so the docs
+cannot rot (the convention and its exceptions: tests/support/doc_commands.py, docs/testing.md).
+
+The server starts the way the README says: its `make serve` line, in a fresh copy of the
+repository whose config.properties listens on free loopback ports. Each doc's shell blocks then
+run in one bash session there; every curl call must get a 2xx answer that is real (vectors of the
+right count and dimension, tokens, the model's /info, an OpenAPI document), every other command
+must exit 0. The python blocks run afterwards, and the embeddings they get are checked the same way.
+At the end the README's `make stop` stops the server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+from embedserve.scripts.serverctl import TorchServe, isolated_config
+from tests.support import REPO
+from tests.support.doc_commands import (DOCS, SHELL_PRELUDE, Call, blocks, calls, fresh_copy, runnable, shell_script,
+                                        substitute)
+from tests.support.serving import environment
+from tests.support.tiny_model import make_tiny_model
+
+pytestmark = pytest.mark.integration
+
+DOCS_WITH_COMMANDS = [doc for doc in DOCS if runnable(doc)]
+
+
+class Served:
+    def __init__(self, root: Path, model_dir: Path, serve_output: str):
+        self.root = root
+        self.model_dir = model_dir
+        self.serve_output = serve_output
+        self.server = TorchServe(root / "config.properties", root)
+        self.ports = {api: urlsplit(self.server.url(api)).port for api in ("inference", "management", "metrics")}
+
+    def key(self) -> str:
+        return self.server.keys()["inference"]  # read each time: some docs rotate it
+
+    def dimension(self, model: str) -> int:
+        info = requests.get(f"{self.server.url('inference')}/predictions/{model}/1.0/info", headers=self.server.auth(),
+                            timeout=30).json()
+        return info["embedding_dimension"]
+
+
+def _serve_line() -> str:
+    """The README's `make serve` line, its comment dropped."""
+    readme = [b for b in blocks(REPO / "README.md") if re.search(r"(?m)^make serve", b.text)]
+    assert readme, "README.md has no block that starts with `make serve`"
+    line = next(line for line in readme[0].text.splitlines() if line.startswith("make serve"))
+    return line.split("#", 1)[0].strip()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = fresh_copy(tmp_path_factory.mktemp("docs-commands"))
+    # The repository's config.properties on free loopback ports, its model store as written.
+    isolated_config(root, root / "config.properties", model_store="model_store")
+    # make serve would otherwise reinstall the shared .venv from this copy.
+    stale = subprocess.run(["make", "-q", ".venv/.installed"], cwd=root).returncode
+    assert stale == 0, "the environment is older than setup.cfg or pyproject.toml: run `make serve` first"
+    model_dir = make_tiny_model(tmp_path_factory.mktemp("placeholder") / "hf-model-folder")
+    started = subprocess.run(_serve_line(), shell=True, cwd=root, capture_output=True, text=True, timeout=900)
+    served = Served(root, model_dir, started.stdout)
+    try:
+        assert started.returncode == 0, f"`make serve` failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}"
+        yield served
+    finally:
+        stopped = subprocess.run(["make", "stop"], cwd=root, capture_output=True, text=True, timeout=120)
+        served.server.stop()  # in case `make stop` did not
+        assert stopped.returncode == 0 and "TorchServe stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+
+
+def test_the_commands_make_serve_prints_work_as_pasted(served, tmp_path):
+    """`make serve` ends with a curl call and an OpenAI-client snippet; they run as printed
+    (with the environment's python, as after `. .venv/bin/activate`). It runs first: the printed
+    key stops working once a doc rotates the keys."""
+    text = served.serve_output.split("answers real embeddings.", 1)[1].split("\nKeys:", 1)[0]
+    assert "curl" in text and "OpenAI(" in text, served.serve_output
+    folder = tmp_path / "calls"
+    folder.mkdir()
+    env = {**os.environ, "DOC_CALLS": str(folder), "PATH": f"{served.root / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(["bash", "-c", SHELL_PRELUDE + text], cwd=served.root, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [call] = calls(folder)
+    assert not check_call(served, call)
+    printed = result.stdout[len(call.answer.decode()):]  # curl's answer ends without a newline
+    first_values = json.loads(printed)  # the snippet prints a vector's first 4 values
+    assert len(first_values) == 4 and all(math.isfinite(x) for x in first_values), result.stdout
+
+
+@pytest.mark.parametrize("doc", DOCS_WITH_COMMANDS, ids=[str(d.relative_to(REPO)) for d in DOCS_WITH_COMMANDS])
+def test_the_docs_commands_run_as_written(served, doc, tmp_path):
+    doc_blocks = runnable(doc)
+    shell = [b for b in doc_blocks if b.language != "python"]
+    if shell:
+        folder = tmp_path / "calls"
+        folder.mkdir()
+        env = {**os.environ, "DOC_CALLS": str(folder), "KEY": served.key()}  # KEY as the README exports it
+        script = shell_script(shell, served.ports, served.model_dir)
+        result = subprocess.run(["bash", "-c", script], cwd=served.root, env=env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, f"a command of {doc.name} failed:\n{result.stderr[-4000:]}"
+        made = calls(folder)
+        written = sum(len(re.findall(r"(?m)^\s*(?:[A-Z]+=\S+\s+)?curl\b", b.text)) for b in shell)
+        assert len(made) >= written, f"{written} curl lines in {doc.name}, {len(made)} calls made"
+        problems = [problem for call in made for problem in check_call(served, call)]
+        assert not problems, "\n".join(problems)
+    for block in (b for b in doc_blocks if b.language == "python"):
+        namespace: dict = {"__name__": "__doc_block__"}
+        with environment({"KEY": served.key()}):  # as the README exports it
+            exec(compile(substitute(block.text, served.ports, served.model_dir), str(block), "exec"), namespace)
+        problems = [f"{block}: {problem}" for value in namespace.values() if _is_embeddings(value)
+                    for problem in check_client_embeddings(served, value)]
+        assert not problems, "\n".join(problems)
+
+
+# What each answer must hold, by route. A route without a check here (a new one) must still
+# answer 2xx, and JSON where it is under /predictions.
+
+def check_call(served: Served, call: Call) -> list[str]:
+    url = urlsplit(call.url)
+    where = f"curl {' '.join(call.args)}"
+    if url.port == served.ports["metrics"] or url.path.startswith("/token"):
+        return []  # Prometheus text (the doc's grep checks it), and the token API's empty answer
+    try:
+        answer = json.loads(call.answer)
+    except ValueError:
+        return [f"{where}: the answer is not JSON: {call.answer[:200]!r}"]
+    if url.port == served.ports["management"]:
+        return [] if _management_answer_is_real(answer, call) else [f"{where}: {answer!r:.300}"]
+    parts = url.path.split("/")[2:]  # after /predictions: model, [version, route...]
+    model, route = parts[0], "/".join(parts[2:])
+    problem = ROUTE_CHECKS.get(route, lambda *_: None)(served, model, call, answer)
+    return [f"{where}: {problem}"] if problem else []
+
+
+def _management_answer_is_real(answer, call: Call) -> bool:
+    if "-X" in call.args:  # scaling
+        return isinstance(answer, dict) and "status" in answer
+    return isinstance(answer, list) and all(entry.get("workers") for entry in answer)
+
+
+def _request(call: Call) -> tuple[int, dict]:
+    """The number of inputs the call sent, and its JSON options."""
+    if call.content_type and call.content_type.startswith("text/plain"):
+        return 1, {}
+    body = json.loads(call.body or "{}")
+    inputs = body.get("input", body.get("inputs"))
+    single = isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int))
+    return (1 if single else len(inputs)), body
+
+
+def _check_vectors(served: Served, model: str, call: Call, answer) -> str | None:
+    count, body = _request(call)
+    vectors = [entry["embedding"] for entry in answer["data"]] if isinstance(answer, dict) else answer
+    dims = body.get("dimensions") or served.dimension(model)
+    dtype = body.get("output_dtype", "float")
+    if len(vectors) != count:
+        return f"{len(vectors)} vectors for {count} inputs"
+    for vector in vectors:
+        if isinstance(vector, str):  # base64: float32 bytes of the values
+            raw = base64.b64decode(vector)
+            if dtype != "float":
+                continue
+            vector = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        expected = dims // 8 if dtype in ("binary", "ubinary") else dims
+        if len(vector) != expected or not all(math.isfinite(x) and abs(x) < 256 for x in vector):
+            return f"a vector of {len(vector)} values, expected {expected} finite ones: {vector[:6]}"
+    return None
+
+
+def _check_tokens(served, model, call, answer) -> str | None:
+    count, _ = _request(call)
+    if len(answer) != count or not all(tokens and all("id" in t for t in tokens) for tokens in answer):
+        return f"expected {count} lists of tokens: {answer!r:.300}"
+    return None
+
+
+def _check_info(served, model, call, answer) -> str | None:
+    return None if answer.get("embedding_dimension", 0) > 0 else f"no embedding_dimension: {answer!r:.300}"
+
+
+def _check_openapi(served, model, call, answer) -> str | None:
+    return None if str(answer.get("openapi", "")).startswith("3.1") and answer.get("paths") else "not OpenAPI 3.1"
+
+
+ROUTE_CHECKS = {
+    "": _check_vectors,
+    "v1/embeddings": _check_vectors,
+    "embed": _check_vectors,
+    "tokenize": _check_tokens,
+    "info": _check_info,
+    "openapi.json": _check_openapi,
+}
+
+
+def _is_embeddings(value) -> bool:
+    return type(value).__name__ == "CreateEmbeddingResponse"
+
+
+def check_client_embeddings(served: Served, response) -> list[str]:
+    dims = {served.dimension(response.model)}
+    return [f"item {item.index}: {len(item.embedding)} values, first {item.embedding[:4]}"
+            for item in response.data
+            if len(item.embedding) not in dims or not all(math.isfinite(x) and abs(x) < 256 for x in item.embedding)]
