@@ -10,6 +10,7 @@ import pytest
 
 from embedserve.handler.api.codec import Route
 from embedserve.handler.settings import Settings
+from tests.support.doc_commands import NOT_RUN, RUN_LANGUAGES, blocks
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -131,3 +132,12 @@ def test_readme_curl_calls_use_known_routes():
     # every embedding route has at least one example
     for route in (Route.NATIVE, Route.OPENAI, Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO):
         assert route.value in routes, f"README.md has no curl call for {route.name}"
+
+
+def test_every_docs_command_not_run_still_names_a_block_and_says_why():
+    """tests/integration/test_docs_commands.py runs every command block but these: a stale entry
+    would silently excuse a block written later."""
+    for entry in NOT_RUN:
+        matched = [b for b in blocks(REPO / entry.doc) if b.language in RUN_LANGUAGES and re.search(entry.pattern, b.text)]
+        assert matched, f"NOT_RUN's entry for {entry.doc} ({entry.pattern}) matches no command block"
+        assert len(entry.reason) > 20, f"NOT_RUN's entry for {entry.doc} ({entry.pattern}) needs its reason"
