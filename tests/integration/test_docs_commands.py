@@ -106,7 +106,8 @@ def test_the_docs_commands_run_as_written(served, doc, tmp_path):
     if shell:
         folder = tmp_path / "calls"
         folder.mkdir()
-        env = {**os.environ, "DOC_CALLS": str(folder), "KEY": served.key()}  # KEY as the README exports it
+        key = served.key()
+        env = {**os.environ, "DOC_CALLS": str(folder), "KEY": key}  # KEY as the README exports it
         script = shell_script(shell, served.ports, served.model_dir)
         result = subprocess.run(["bash", "-c", script], cwd=served.root, env=env, capture_output=True, text=True,
                                 timeout=300)
@@ -116,6 +117,8 @@ def test_the_docs_commands_run_as_written(served, doc, tmp_path):
         assert len(made) >= written, f"{written} curl lines in {doc.name}, {len(made)} calls made"
         problems = [problem for call in made for problem in check_call(served, call)]
         assert not problems, "\n".join(problems)
+        if any("/token?type=inference" in call.url for call in made):  # the docs say the new key is in the file
+            assert served.key() != key, f"{doc.name} rotates the inference key, but key_file.json holds the old one"
     for block in (b for b in doc_blocks if b.language == "python"):
         namespace: dict = {"__name__": "__doc_block__"}
         with environment({"KEY": served.key()}):  # as the README exports it
@@ -129,6 +132,8 @@ def test_the_docs_commands_run_as_written(served, doc, tmp_path):
 # answer 2xx, and JSON where it is under /predictions.
 
 def check_call(served: Served, call: Call) -> list[str]:
+    if not call.url:
+        return []  # no request (curl --help, --version)
     url = urlsplit(call.url)
     where = f"curl {' '.join(call.args)}"
     if url.port == served.ports["metrics"] or url.path.startswith("/token"):

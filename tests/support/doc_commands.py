@@ -145,7 +145,7 @@ class Call:
 
     @property
     def url(self) -> str:
-        return next(a for a in self.args if re.match(r"https?://", a))
+        return next((a for a in self.args if re.match(r"https?://", a)), "")
 
     @property
     def body(self) -> str | None:

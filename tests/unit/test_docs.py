@@ -138,6 +138,7 @@ def test_every_docs_command_not_run_still_names_a_block_and_says_why():
     """tests/integration/test_docs_commands.py runs every command block but these: a stale entry
     would silently excuse a block written later."""
     for entry in NOT_RUN:
-        matched = [b for b in blocks(REPO / entry.doc) if b.language in RUN_LANGUAGES and re.search(entry.pattern, b.text)]
+        matched = [b for b in blocks(REPO / entry.doc)
+                   if b.language in RUN_LANGUAGES and re.search(entry.pattern, b.text)]
         assert matched, f"NOT_RUN's entry for {entry.doc} ({entry.pattern}) matches no command block"
         assert len(entry.reason) > 20, f"NOT_RUN's entry for {entry.doc} ({entry.pattern}) needs its reason"
