@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 BENCH_GPU_OUT ?= bench/results/gpu
 
-.PHONY: serve stop test fuzz bench bench-gpu gpu-travel loadtest soak mar clean help
+.PHONY: serve stop test fuzz bench bench-gpu gpu-travel loadtest soak mar clean help image test-image
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
@@ -19,6 +19,8 @@ help:
 	@echo "make loadtest - Locust load test of every route (starts the server if needed); report in bench/results/"
 	@echo "make soak   - 10-minute memory soak and kill -9 recovery (MiniLM); results in bench/results/"
 	@echo "make mar    - (re)build the default model archive"
+	@echo "make image  - build the CPU container image (podman; no registry needed); prints its size"
+	@echo "make test-image - build the image, test it as the Kubernetes Deployment runs it; figures in bench/results/"
 	@echo "make clean  - remove the virtual environment, archives and logs"
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -75,6 +77,15 @@ FUZZ_EXAMPLES ?= 2500
 fuzz: $(VENV)/.installed-test
 	@bash scripts/require_java.sh
 	EMBEDSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/integration/test_openapi.py -q -s -p no:cacheprovider
+
+image: $(VENV)/.installed
+	@bash scripts/require_podman.sh
+	@bash scripts/image/build.sh
+
+test-image: $(VENV)/.installed-test image
+	@bash scripts/require_java.sh
+	EMBEDSERVE_REQUIRE_IMAGE=1 $(PY) -m pytest tests/integration/test_image.py -p no:cacheprovider
+	$(PY) scripts/image/record.py
 
 clean: stop
 	rm -rf $(VENV) model_store logs .run key_file.json *.egg-info

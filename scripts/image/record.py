@@ -1,0 +1,42 @@
+"""Keep the figures of the last `make image` and image test with the CPU they ran on.
+
+    python scripts/image/record.py [OUT]    (default bench/results/image-cpu.json)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cpu() -> dict:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    flags = set(fields.get("Flags", "").split())
+    return {"model_name": fields.get("Model name", "").strip(), "cores": os.cpu_count(),
+            "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
+
+
+def main() -> int:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bench" / "results" / "image-cpu.json"
+    build = json.loads((REPO / "build" / "image" / "last.json").read_text())
+    tests = json.loads((REPO / "build" / "image" / "test-figures.json").read_text())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    result = {"recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+              "machine": {"cpu": cpu(), "kernel": platform.release()},
+              "commands": ["make image", "make test-image"], "build": build, "tests": tests}
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
