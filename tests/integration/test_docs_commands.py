@@ -200,6 +200,23 @@ def _check_openapi(served, model, call, answer) -> str | None:
     return None if str(answer.get("openapi", "")).startswith("3.1") and answer.get("paths") else "not OpenAPI 3.1"
 
 
+def _check_ranking(served, model, call, answer) -> str | None:
+    """TEI's [{"index", "score"}] or Cohere's and Jina's {"results": [{"index", "relevance_score"}]}:
+    each document once at most, finite scores, best first, top_n of them where asked."""
+    body = json.loads(call.body or "{}")
+    documents = body.get("texts", body.get("documents", []))
+    ranked = answer["results"] if isinstance(answer, dict) else answer
+    scores = [entry.get("score", entry.get("relevance_score")) for entry in ranked]
+    indices = [entry["index"] for entry in ranked]
+    expected = min(len(documents), body.get("top_n") or len(documents))
+    distinct = len(set(indices)) == len(indices) and set(indices) <= set(range(len(documents)))
+    if len(ranked) != expected or not distinct:
+        return f"expected {expected} distinct documents of {len(documents)}: {answer!r:.300}"
+    if not all(isinstance(x, float) and math.isfinite(x) for x in scores) or scores != sorted(scores, reverse=True):
+        return f"scores not finite and best first: {scores}"
+    return None
+
+
 ROUTE_CHECKS = {
     "": _check_vectors,
     "v1/embeddings": _check_vectors,
@@ -207,6 +224,9 @@ ROUTE_CHECKS = {
     "tokenize": _check_tokens,
     "info": _check_info,
     "openapi.json": _check_openapi,
+    "rerank": _check_ranking,
+    "v1/rerank": _check_ranking,
+    "v2/rerank": _check_ranking,
 }
 
 
