@@ -35,48 +35,77 @@ class _LastHiddenState(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
-def export_onnx(model_dir: Path, max_positions: int | None) -> str:
-    """Write model_dir/transformer.onnx and return what was done, or why not (then no file)."""
-    from transformers import AutoModel
+class _Logits(torch.nn.Module):
+    """A scoring model's graph: its logits, from token types too where it takes them."""
+
+    def __init__(self, model: torch.nn.Module, segments: bool):
+        super().__init__()
+        self.model = model
+        self.segments = segments
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        extra = {"token_type_ids": token_type_ids} if self.segments else {}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits
+
+
+def export_onnx(model_dir: Path, max_positions: int | None, *, scoring: bool = False, segments: bool = False) -> str:
+    """Write model_dir/transformer.onnx and return what was done, or why not (then no file).
+    `scoring`: the graph gives the sequence-classification logits, from token types too with
+    `segments`."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
     target = model_dir / ONNX_FILE
+    auto = AutoModelForSequenceClassification if scoring else AutoModel
     try:
-        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32,
-                                          use_safetensors=True).eval()
+        model = auto.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32,
+                                     use_safetensors=True).eval()
     except (ValueError, ImportError, OSError) as err:
         return f"not exported (the model does not load with eager attention: {err}); served by torch"
+    graph = _Logits(model, segments) if scoring else _LastHiddenState(model)
     # The reference comes first: tracing leaves the model object altered (measured: its later
     # outputs differ), so it is never run after the export.
     ids, mask = _probe_batch(int(model.config.vocab_size), max_positions or 512)
+    types = (torch.arange(ids.shape[1]) >= ids.shape[1] // 2).long().expand_as(ids) * mask if segments else None
+    probe = (ids, mask, types) if segments else (ids, mask)
     with torch.inference_mode():
-        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        expected = graph(*probe)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             raw = Path(tmp) / "raw.onnx"
-            trace_to_onnx(model, raw)
+            trace_to_onnx(graph, raw, segments=segments)
             fusions = _optimize(raw, target, model.config)
     except Exception as err:  # any exporter or optimizer failure: torch serves this model
         target.unlink(missing_ok=True)
         return f"not exported ({type(err).__name__}: {str(err)[:200]}); served by torch"
-    served = OnnxTransformer(target, threads=1)(ids, mask)
-    real = mask.bool()
-    difference = float((served[real] - expected[real]).abs().max())
+    served = OnnxTransformer(target, threads=1)(*probe)
+    if scoring:
+        difference = float((served - expected).abs().max())
+    else:
+        real = mask.bool()
+        difference = float((served[real] - expected[real]).abs().max())
     if difference > MAX_ABS_DIFFERENCE:
         target.unlink()
-        return f"not used: its hidden states differ from torch by {difference:.1e}; served by torch"
+        what = "logits" if scoring else "hidden states"
+        return f"not used: its {what} differ from torch by {difference:.1e}; served by torch"
     return f"exported ({fusions}; max difference to torch {difference:.1e})"
 
 
-def trace_to_onnx(model: torch.nn.Module, path: Path) -> None:
-    """The model's graph, ids and attention mask to last hidden states, dynamic in batch and length."""
+def trace_to_onnx(graph: torch.nn.Module, path: Path, segments: bool = False) -> None:
+    """The graph (a model wrapped to give one tensor), ids and attention mask (and token types
+    with `segments`) to its output, dynamic in batch and length."""
     example = torch.ones((2, 8), dtype=torch.long)
+    if not isinstance(graph, (_LastHiddenState, _Logits)):
+        graph = _LastHiddenState(graph)
+    inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if segments else [])
+    args = (example, torch.ones_like(example)) + ((torch.zeros_like(example),) if segments else ())
+    output = "logits" if isinstance(graph, _Logits) else "last_hidden_state"
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            _LastHiddenState(model), (example, torch.ones_like(example)), str(path),
-            input_names=["input_ids", "attention_mask"], output_names=["last_hidden_state"],
-            dynamic_axes={name: {0: "batch", 1: "sequence"}
-                          for name in ("input_ids", "attention_mask", "last_hidden_state")},
+            graph, args, str(path), input_names=inputs, output_names=[output],
+            dynamic_axes={**{name: {0: "batch", 1: "sequence"} for name in inputs},
+                          output: {0: "batch"} if output == "logits" else {0: "batch", 1: "sequence"}},
             opset_version=17, dynamo=False)
 
 

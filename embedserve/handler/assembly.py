@@ -85,6 +85,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         max_positions=description.usable_positions,
         # The longest input the tokenizer assembles: max_length, or the special tokens alone should they be more.
         max_length=max(max_length, len(tokenizer.prefix) + len(tokenizer.suffix)),
+        scoring=description.scoring,
     )
     encoder = _open_encoder(model_dir, settings, placement, parts)
     default_prompt = settings.prompt or description.prompts.get(description.default_prompt_name or "", "")
@@ -100,7 +101,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
                                max_length=max_length, prompts=description.prompts, default_prompt=default_prompt,
                                include_prompt=encoder.pooling.include_prompt)
     return EmbeddingService(preparer, encoder, settings, model_name=model_name, cache=cache,
-                            info=partial(info, description=description))
+                            info=partial(info, description=description), scoring=description.scoring)
 
 
 def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placement, parts: ModelParts) -> Encoder:
@@ -148,7 +149,9 @@ def info(service: EmbeddingService, description: ModelDescription) -> dict[str, 
         "model_id": settings.model_id or service.model_name,
         "revision": settings.revision or None,
         "served_model_name": service.model_name,
-        "model_type": "embedding",
+        "model_type": _model_type(service, description),
+        "task": service.task,
+        "routes": [route.value for route in service.routes],
         "model_dtype": "int8" if placement.int8 else str(placement.dtype).removeprefix("torch."),
         "device": str(placement.device),
         **encoder.describe(),  # engine; "layout": padded or packed; the attention kernel; CUDA graphs
@@ -176,3 +179,12 @@ def info(service: EmbeddingService, description: ModelDescription) -> dict[str, 
         "output_dtypes": list(OUTPUT_DTYPES),
         "encoding_formats": list(ENCODING_FORMATS),
     }
+
+
+def _model_type(service: EmbeddingService, description: ModelDescription) -> Any:
+    """TEI's model_type: "embedding", or {"reranker"|"classifier": {"id2label": ...}}."""
+    scoring = description.scoring
+    if scoring is None:
+        return "embedding"
+    kind = "reranker" if scoring.task == "rerank" else "classifier"
+    return {kind: {"id2label": {str(i): label for i, label in enumerate(scoring.labels)}}}

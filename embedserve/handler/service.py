@@ -18,15 +18,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from embedserve.handler.api.codec import (ALLOWED_METHOD, EmbeddingRequest, Route, encode_error, encode_info,
-                                          encode_tokens, parse_request)
-from embedserve.handler.api.errors import (METHOD_NOT_ALLOWED, RequestError, internal_error, overloaded, too_large,
-                                           unavailable)
+from embedserve.handler.api.codec import (ALLOWED_METHOD, EMBEDDING_ROUTES, SCORING_ROUTES, EmbeddingRequest, Route,
+                                          encode_error, encode_info, encode_tokens, parse_request, parse_route)
+from embedserve.handler.api.errors import (METHOD_NOT_ALLOWED, RequestError, internal_error, not_found, overloaded,
+                                           too_large, unavailable)
+from embedserve.handler.api.scoring import ScoringRequest, parse_scoring
 from embedserve.handler.api.openapi import ServedModel, openapi_document
 from embedserve.handler.api.output import RETRY_LATER, Outcome, answer, error_body, shape_vectors
 from embedserve.handler.api.prepare import Checked, Job, RequestPreparer
 from embedserve.handler.execution.encoder import Encoder
 from embedserve.handler.execution.faults import DeviceFailure
+from embedserve.handler.model.files import EMBED, RERANK, Scoring
 from embedserve.handler.scheduling.admission import WorkBudget, admit, max_request_tokens
 from embedserve.handler.scheduling.cache import EmbeddingCache, embed_cached
 from embedserve.handler.scheduling.planner import flatten
@@ -54,8 +56,11 @@ class Response:
 
 class EmbeddingService:
     def __init__(self, preparer: RequestPreparer, encoder: Encoder, settings: Settings, *, model_name: str,
-                 cache: EmbeddingCache | None, info: Callable[[EmbeddingService], dict[str, Any]]):
-        """`info`: the /info body of a service, given by whoever assembled it and knows its parts."""
+                 cache: EmbeddingCache | None, info: Callable[[EmbeddingService], dict[str, Any]],
+                 scoring: Scoring | None = None):
+        """`info`: the /info body of a service, given by whoever assembled it and knows its parts.
+        `scoring`: a reranker's or classifier's head (labels, activation); None for embeddings."""
+        self.scoring = scoring
         self.preparer = preparer
         self.encoder = encoder
         self.settings = settings
@@ -70,10 +75,36 @@ class EmbeddingService:
     def with_encoder(self, encoder: Encoder) -> "EmbeddingService":
         """This service's twin, embedding through `encoder` (its measured speed and work budget kept)."""
         twin = EmbeddingService(self.preparer, encoder, self.settings, model_name=self.model_name, cache=self.cache,
-                                info=self._info)
+                                info=self._info, scoring=self.scoring)
         twin.tokens_per_second, twin.budget = self.tokens_per_second, self.budget
         twin.model_version = self.model_version
         return twin
+
+    @property
+    def task(self) -> str:
+        """embed, rerank or classify: what the model serves."""
+        return self.scoring.task if self.scoring else EMBED
+
+    @property
+    def routes(self) -> tuple[Route, ...]:
+        """The routes that use this model (besides info, tokenize and openapi.json)."""
+        if self.task == EMBED:
+            return EMBEDDING_ROUTES
+        return SCORING_ROUTES if self.task == RERANK else (Route.TEI_PREDICT,)
+
+    def _parse(self, raw: RawRequest) -> EmbeddingRequest | ScoringRequest:
+        """The request, refused with 404 on a route of another task (an embedding route on a
+        reranker, or the reverse), naming the routes this model serves."""
+        route = parse_route(raw.url_path)
+        if (route.scoring or route in EMBEDDING_ROUTES) and route not in self.routes:
+            served = ", ".join(f"'{r.value}'" for r in self.routes)
+            err = not_found(f"this model is a {self.task} model: '{route.value}' is not served here; its routes are "
+                            f"{served} (and 'info', 'tokenize', 'openapi.json')")
+            err.tei = route.tei
+            raise err
+        if route.scoring:
+            return parse_scoring(raw.body, raw.content_type, route, raw.method)
+        return parse_request(raw.body, raw.content_type, raw.url_path, raw.method)
 
     @property
     def batch_work_tokens(self) -> int | None:
@@ -93,7 +124,8 @@ class EmbeddingService:
             name=self.model_name, version=self.model_version, dimension=preparer.dimension,
             max_length=preparer.max_length, vocab_size=preparer.tokenizer.vocab_size,
             prompts=tuple(sorted(preparer.prompts)), settings=self.settings,
-            max_tokens_per_request=self.max_request_tokens))
+            max_tokens_per_request=self.max_request_tokens, task=self.task,
+            labels=self.scoring.labels if self.scoring else ()))
 
     def _openapi_body(self) -> bytes:
         # Built on first use: the limits are final once the worker has measured its speed.
@@ -119,11 +151,14 @@ class EmbeddingService:
         clock = time.perf_counter()
         bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
         checked: dict[int, Checked] = {}
+        scoring_jobs: dict[int, Job] = {}
         for index, raw in enumerate(raw_requests):
             request = None
             try:
-                request = parse_request(raw.body, raw.content_type, raw.url_path, raw.method)
-                if request.route is Route.TEI_INFO:
+                request = self._parse(raw)
+                if isinstance(request, ScoringRequest):
+                    scoring_jobs[index] = self.preparer.prepare_scoring(request, self.budget)
+                elif request.route is Route.TEI_INFO:
                     bodies[index] = (200, encode_info(self.info()))
                 elif request.route is Route.OPENAPI:
                     bodies[index] = (200, self._openapi_body())
@@ -143,6 +178,7 @@ class EmbeddingService:
                 bodies[index] = error_body(outcome, checked[index].request.route)
             else:
                 jobs[index] = outcome
+        jobs = dict(sorted({**jobs, **scoring_jobs}.items()))  # in arrival order, for admission
         report.prepare_ms, clock = _since(clock)
 
         jobs = self._admit(jobs, bodies)
@@ -151,7 +187,7 @@ class EmbeddingService:
             report.model_ms, clock = _since(clock)
             embedded = shape_vectors(jobs, embedded)
             for index, job in jobs.items():
-                bodies[index] = answer(index, job, embedded[index], self.model_name)
+                bodies[index] = answer(index, job, embedded[index], self.model_name, self.scoring)
             report.encode_ms, clock = _since(clock)
             report.inputs = sum(len(job.ids) for job in jobs.values())
 
@@ -179,9 +215,10 @@ class EmbeddingService:
         not cached). A device failure ends the batch: the worker is replaced."""
         ids, spans = flatten([job.ids for _, job in jobs])
         unpooled = [job.unpooled for _, job in jobs for _ in job.ids]
+        second = [start for _, job in jobs for start in (job.second or [0] * len(job.ids))]
         try:
-            vectors, unfit = self._embed(ids, unpooled, report) if self.cache is None else \
-                self._embed_cached(ids, unpooled, report)
+            vectors, unfit = self._embed(ids, unpooled, second, report) if self.cache is None else \
+                self._embed_cached(ids, unpooled, second, report)
         except DeviceFailure:
             raise
         except Exception as err:
@@ -206,22 +243,24 @@ class EmbeddingService:
                 outcomes[index] = (vectors[span], own_unfit)
         return outcomes
 
-    def _embed(self, ids: list[list[int]], unpooled: list[int], report: BatchReport
+    def _embed(self, ids: list[list[int]], unpooled: list[int], second: list[int], report: BatchReport
                ) -> tuple[torch.Tensor, frozenset[int]]:
-        """Vectors in input order, and the inputs that did not fit in memory even alone."""
-        embedded = self.encoder.embed(ids, unpooled if any(unpooled) else None)
+        """Vectors (a scoring model's logits) in input order, and the inputs that did not fit in
+        memory even alone."""
+        embedded = self.encoder.embed(ids, unpooled if any(unpooled) else None, second if any(second) else None)
         report.forward_passes += embedded.passes
         report.real_tokens += embedded.real_tokens
         report.padded_tokens += embedded.padded_tokens
         return embedded.vectors, embedded.too_large
 
-    def _embed_cached(self, ids: list[list[int]], unpooled: list[int], report: BatchReport
+    def _embed_cached(self, ids: list[list[int]], unpooled: list[int], second: list[int], report: BatchReport
                       ) -> tuple[torch.Tensor, frozenset[int]]:
-        def embed(missing_ids: list[list[int]], missing_unpooled: list[int]) -> tuple[np.ndarray, frozenset[int]]:
-            vectors, unfit = self._embed(missing_ids, missing_unpooled, report)
+        def embed(missing_ids: list[list[int]], missing_unpooled: list[int], missing_second: list[int]
+                  ) -> tuple[np.ndarray, frozenset[int]]:
+            vectors, unfit = self._embed(missing_ids, missing_unpooled, missing_second, report)
             return vectors.numpy(), unfit
 
-        rows, unfit = embed_cached(self.cache, ids, unpooled, embed, report, self.encoder.dimension)
+        rows, unfit = embed_cached(self.cache, ids, unpooled, second, embed, report, self.encoder.dimension)
         return torch.from_numpy(rows), unfit
 
     def failed(self, raw_requests: Sequence[RawRequest]) -> list[Response]:

@@ -50,8 +50,8 @@ class ObservedBackend:
     def plan(self, lengths, cost):
         return self.backend.plan(lengths, cost)
 
-    def prepare(self, rows, unpooled):
-        return self.backend.prepare(rows, unpooled)
+    def prepare(self, rows, unpooled, second=None):
+        return self.backend.prepare(rows, unpooled, second)
 
     def run(self, inputs, *, eager=False):
         if self.observe is not None:

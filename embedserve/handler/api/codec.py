@@ -10,6 +10,8 @@ Routes, by the path after `/predictions/<model>/<version>/` (TorchServe's `url_p
   "tokenize"       TEI /tokenize
   "info"           TEI /info (any method, any body)
   "openapi.json"   the OpenAPI document of these routes (any method, any body; openapi.py)
+  "rerank", "predict", "v1/rerank", "v2/rerank"
+                   a reranker's or classifier's routes (TEI's, Cohere's and Jina's shapes; scoring.py)
 
 Body decoding: a `text/*` content type means the whole body is one text; anything else is
 parsed as JSON. OpenAI's `model` and `user` must be strings and are ignored; other unknown JSON
@@ -70,10 +72,19 @@ class Route(Enum):
     TEI_TOKENIZE = "tokenize"
     TEI_INFO = "info"
     OPENAPI = "openapi.json"
+    TEI_RERANK = "rerank"
+    TEI_PREDICT = "predict"
+    RERANK_V1 = "v1/rerank"
+    RERANK_V2 = "v2/rerank"
 
     @property
     def tei(self) -> bool:
         return self in _TEI_ROUTES
+
+    @property
+    def scoring(self) -> bool:
+        """A reranker's or classifier's route: scores, not vectors."""
+        return self in SCORING_ROUTES
 
     @property
     def any_method(self) -> bool:
@@ -81,7 +92,9 @@ class Route(Enum):
         return self in (Route.TEI_INFO, Route.OPENAPI)
 
 
-_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO))
+_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK, Route.TEI_PREDICT))
+SCORING_ROUTES = (Route.TEI_RERANK, Route.RERANK_V1, Route.RERANK_V2, Route.TEI_PREDICT)
+EMBEDDING_ROUTES = (Route.NATIVE, Route.OPENAI, Route.TEI_EMBED)
 _ROUTES = {route.value: route for route in Route}
 
 
@@ -127,7 +140,7 @@ def parse_request(body: Any, content_type: str | None, url_path: str | None,
         check_method(method, body, content_type)
         payload = decode_body(body, content_type)
         if isinstance(payload, str) and is_text(content_type):
-            return EmbeddingRequest(route, (_check_text(payload, "body"),), field="body")
+            return EmbeddingRequest(route, (check_text(payload, "body"),), field="body")
         if not isinstance(payload, dict):  # a JSON string is not a text/plain body
             raise malformed("request body must be a JSON object", param="body")
         if route is Route.NATIVE and "input" not in payload and "inputs" in payload:
@@ -226,9 +239,9 @@ def _without_surrogates(value: Any) -> Any:
 def _parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ...]:
     kinds = "a string or a list of strings" + (", or token ids" if allow_token_ids else "")
     if isinstance(value, str):
-        return (_check_text(value, name),)
+        return (check_text(value, name),)
     if not isinstance(value, list):
-        raise malformed(f"'{name}' must be {kinds}, got {_json_type(value)}", param=name)
+        raise malformed(f"'{name}' must be {kinds}, got {json_type(value)}", param=name)
     if not value:
         raise empty(f"'{name}' must not be an empty list", param=name)
     if allow_token_ids and _is_int(value[0]):  # one pre-tokenized input: [101, 2023, ...]
@@ -237,16 +250,16 @@ def _parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, 
     for i, item in enumerate(value):
         param = f"{name}[{i}]"
         if isinstance(item, str):
-            parsed.append(_check_text(item, param))
+            parsed.append(check_text(item, param))
         elif allow_token_ids and isinstance(item, list):
             parsed.append(_check_ids(item, param))
         else:
             expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
-            raise malformed(f"'{param}' must be {expected}, got {_json_type(item)}", param=param)
+            raise malformed(f"'{param}' must be {expected}, got {json_type(item)}", param=param)
     return tuple(parsed)
 
 
-def _check_text(text: str, param: str) -> str:
+def check_text(text: str, param: str) -> str:
     if not text:
         raise empty(f"'{param}' must not be an empty string", param=param)
     return text
@@ -268,22 +281,22 @@ def _is_int(value: Any) -> bool:
 
 def _parse_options(payload: dict[str, Any]) -> Options:
     for key in IGNORED_FIELDS:
-        _option(payload, key, str, ())
-    values = {key: _option(payload, key, kind, choices) for key, (kind, choices) in OPTION_TYPES.items()}
+        option_value(payload, key, str, ())
+    values = {key: option_value(payload, key, kind, choices) for key, (kind, choices) in OPTION_TYPES.items()}
     return Options(**{key: value for key, value in values.items() if value is not None})
 
 
-def _option(payload: dict, key: str, kind: type, choices: tuple[str, ...]) -> Any:
+def option_value(payload: dict, key: str, kind: type, choices: tuple[str, ...]) -> Any:
     """The option's value, None where it is missing or null; refuses a wrong type or value."""
     value = payload.get(key)
     if value is None:
         return None
     if kind is bool and not isinstance(value, bool):
-        raise malformed(f"'{key}' must be true or false, got {_json_type(value)}", param=key)
+        raise malformed(f"'{key}' must be true or false, got {json_type(value)}", param=key)
     if kind is int and (not _is_int(value) or value < 1):
-        raise malformed(f"'{key}' must be a positive integer, got {_json_type(value)} {_short(value)}", param=key)
+        raise malformed(f"'{key}' must be a positive integer, got {json_type(value)} {_short(value)}", param=key)
     if kind is str and not isinstance(value, str):
-        raise malformed(f"'{key}' must be a string, got {_json_type(value)}", param=key)
+        raise malformed(f"'{key}' must be a string, got {json_type(value)}", param=key)
     if choices:
         normalized = value.lower() if key in CASE_INSENSITIVE else value
         if normalized not in choices:
@@ -298,7 +311,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
 
@@ -337,8 +350,8 @@ def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_n
     """(n, d) vectors, already in the requested output dtype, in the route's shape."""
     rows = [_encode_vector(row, request.options.encoding_format, request.route) for row in vectors]
     if request.route.tei:
-        return _dumps(rows)
-    return _dumps({
+        return dumps(rows)
+    return dumps({
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)],
         "model": model_name,
@@ -359,18 +372,18 @@ def _encode_vector(row: np.ndarray, encoding_format: str, route: Route) -> np.nd
 
 
 def encode_tokens(tokens: list[list[dict[str, Any]]]) -> bytes:
-    return _dumps(tokens)
+    return dumps(tokens)
 
 
 def encode_info(info: dict[str, Any]) -> bytes:
-    return _dumps(info)
+    return dumps(info)
 
 
 def encode_error(error: RequestError) -> bytes:
-    return _dumps(error.body())
+    return dumps(error.body())
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
     # orjson writes numpy arrays directly, float32 in its shortest round-trip form: about 20x
     # faster than json + tolist() and half the bytes per embedding.
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -31,6 +31,8 @@ class ServedModel:
     prompts: tuple[str, ...]  # prompt names
     settings: Settings
     max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
+    task: str = "embed"  # embed, rerank or classify (model/files.py)
+    labels: tuple[str, ...] = ()  # a scoring model's labels
 
 
 def limits(model: ServedModel) -> dict[str, int]:
@@ -100,9 +102,8 @@ def openapi_document(model: ServedModel) -> dict[str, Any]:
         },
         "security": [{"bearerAuth": []}],
         "paths": {
-            base: {"post": _native(model)},
-            f"{versioned}/{Route.OPENAI.value}": {"post": _openai(model)},
-            f"{versioned}/{Route.TEI_EMBED.value}": {"post": _tei_embed(model)},
+            **(_embedding_paths(model, base, versioned) if model.task == "embed" else
+               _scoring_paths(model, versioned)),
             f"{versioned}/{Route.TEI_TOKENIZE.value}": {"post": _tokenize(model)},
             f"{versioned}/{Route.TEI_INFO.value}": {"get": _info("infoGet"), "post": _info("infoPost")},
             f"{versioned}/{Route.OPENAPI.value}": {"get": _openapi()},
@@ -118,6 +119,36 @@ def openapi_document(model: ServedModel) -> dict[str, Any]:
 
 
 # --- operations ------------------------------------------------------------------------------------
+
+def _embedding_paths(model: ServedModel, base: str, versioned: str) -> dict[str, Any]:
+    return {base: {"post": _native(model)},
+            f"{versioned}/{Route.OPENAI.value}": {"post": _openai(model)},
+            f"{versioned}/{Route.TEI_EMBED.value}": {"post": _tei_embed(model)}}
+
+
+def _scoring_paths(model: ServedModel, versioned: str) -> dict[str, Any]:
+    """A reranker's routes (TEI's, Cohere's and Jina's rerank, TEI's predict), or a classifier's
+    (predict); the others answer 404 naming these (api/scoring.py)."""
+    predict = _operation(
+        "teiPredict", "Scores per label of a text or a (text, text) pair, TEI's /predict, best first",
+        {"application/json": {"schema": _ref("PredictRequest"),
+                              "examples": _examples({"pair": {"inputs": ["what is a cat", "a small animal"]}})}},
+        {"schema": _ref("PredictAnswer")}, _error_responses(EMBED_ERRORS, Route.TEI_PREDICT, model=model))
+    paths = {f"{versioned}/{Route.TEI_PREDICT.value}": {"post": predict}}
+    if model.task != "rerank":
+        return paths
+    example = {"query": "what is a cat", "texts": ["a small animal", "a car"]}
+    paths[f"{versioned}/{Route.TEI_RERANK.value}"] = {"post": _operation(
+        "teiRerank", "Relevance of each text to the query, TEI's /rerank, best first",
+        {"application/json": {"schema": _ref("RerankRequest"), "examples": _examples({"texts": example})}},
+        {"schema": _ref("RerankAnswer")}, _error_responses(EMBED_ERRORS, Route.TEI_RERANK, model=model))}
+    for route, operation_id in ((Route.RERANK_V1, "rerankV1"), (Route.RERANK_V2, "rerankV2")):
+        paths[f"{versioned}/{route.value}"] = {"post": _operation(
+            operation_id, "Relevance of each document to the query, Cohere's and Jina's rerank, best first",
+            {"application/json": {"schema": _ref("CohereRerankRequest"), "examples": _examples(
+                {"documents": {"query": "what is a cat", "documents": ["a small animal", "a car"], "top_n": 1}})}},
+            {"schema": _ref("CohereRerankAnswer")}, _error_responses(EMBED_ERRORS, route, model=model))}
+    return paths
 
 def _native(model: ServedModel) -> dict[str, Any]:
     tei_body = {"allOf": [_ref("TEIEmbedRequest"), {"not": {"required": ["input"]}}]}
@@ -283,6 +314,7 @@ def _schemas(model: ServedModel) -> dict[str, Any]:
         {"type": "string", "contentEncoding": "base64"},
     ]}
     return {
+        **_scoring_schemas(model, many, options),
         "Text": {"type": "string", "minLength": 1, "maxLength": settings.max_input_chars,
                  "description": f"one text, at most max_input_chars={settings.max_input_chars} characters"},
         "TokenIds": {"type": "array", "minItems": 1,
@@ -346,6 +378,41 @@ def _schemas(model: ServedModel) -> dict[str, Any]:
         "TorchServeError": {
             "type": "object", "required": ["code", "type", "message"],
             "properties": {"code": {"type": "integer"}, "type": {"type": "string"}, "message": {"type": "string"}}},
+    }
+
+
+def _scoring_schemas(model: ServedModel, many: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    if model.task == "embed":
+        return {}
+    common = {"raw_scores": {"type": ["boolean", "null"], "description": "the logits, without the activation"},
+              "truncate": options["truncate"], "truncation_direction": options["truncation_direction"]}
+    pair = {"type": "array", "prefixItems": [_ref("Text"), _ref("Text")], "minItems": 2, "maxItems": 2}
+    document = {"anyOf": [_ref("Text"), {"type": "object", "required": ["text"], "properties": {"text": _ref("Text")}}]}
+    label_score = {"type": "object", "required": ["score", "label"],
+                   "properties": {"score": {"type": "number"}, "label": {"enum": list(model.labels)}}}
+    return {
+        "PredictRequest": {"type": "object", "required": ["inputs"], "properties": {
+            "inputs": {"anyOf": [_ref("Text"), pair, {**many, "items": {"anyOf": [_ref("Text"), pair]}}]},
+            **common}},
+        "PredictAnswer": {"anyOf": [{"type": "array", "items": label_score},
+                                    {"type": "array", "items": {"type": "array", "items": label_score}}]},
+        "RerankRequest": {"type": "object", "required": ["query", "texts"], "properties": {
+            "query": _ref("Text"), "texts": {**many, "items": _ref("Text")},
+            "return_text": {"type": ["boolean", "null"]}, **common}},
+        "RerankAnswer": {"type": "array", "items": {"type": "object", "required": ["index", "score"], "properties": {
+            "index": {"type": "integer", "minimum": 0}, "score": {"type": "number"}, "text": {"type": "string"}}}},
+        "CohereRerankRequest": {"type": "object", "required": ["query", "documents"], "properties": {
+            "query": _ref("Text"), "documents": {**many, "items": document},
+            "top_n": {"type": ["integer", "null"], "minimum": 1},
+            "return_documents": {"type": ["boolean", "null"]}, "model": {"type": ["string", "null"]},
+            "instruction": {"type": "null", "description": "for LLM rerankers; refused here"}, **common}},
+        "CohereRerankAnswer": {"type": "object", "required": ["results"], "properties": {
+            "id": {"type": "string"}, "model": {"type": "string"}, "meta": {"type": "object"},
+            "usage": {"type": "object"},
+            "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"],
+                                                   "properties": {"index": {"type": "integer", "minimum": 0},
+                                                                  "relevance_score": {"type": "number"},
+                                                                  "document": {"type": "object"}}}}}},
     }
 
 

@@ -15,6 +15,8 @@ from embedserve.handler.api.codec import Route, encode_embeddings, encode_error
 from embedserve.handler.api.errors import RequestError, internal_error, out_of_memory
 from embedserve.handler.api.prepare import Job
 from embedserve.handler.api.quantize import quantize
+from embedserve.handler.api.scoring import ScoringRequest, encode_scores, scores
+from embedserve.handler.model.files import Scoring, activation_class
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.worker.failures import log_failure
 
@@ -33,7 +35,7 @@ def shape_vectors(jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[in
     groups: dict[int | None, list[int]] = {}
     for index, job in jobs.items():
         outcome = outcomes[index]
-        if isinstance(outcome, RequestError):
+        if isinstance(outcome, RequestError) or isinstance(job.request, ScoringRequest):
             continue
         dimensions = job.request.options.dimensions
         if dimensions is not None:
@@ -54,14 +56,20 @@ def shape_vectors(jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[in
     return outcomes
 
 
-def answer(index: int, job: Job, outcome: Outcome, model_name: str) -> tuple[int, bytes]:
-    """The status and body for request `index` of the batch, its vectors already shaped."""
+def answer(index: int, job: Job, outcome: Outcome, model_name: str, scoring: Scoring | None = None
+           ) -> tuple[int, bytes]:
+    """The status and body for request `index` of the batch, its vectors already shaped (a
+    scoring model's: its logits, and `scoring` says how they become scores)."""
     if isinstance(outcome, RequestError):
         return error_body(outcome, job.request.route)
     vectors, unfit = outcome
     if unfit:
         return error_body(does_not_fit(job, min(unfit)), job.request.route)
     try:
+        if isinstance(job.request, ScoringRequest):
+            activation = activation_class(f"torch.nn.{scoring.activation}")()
+            return 200, encode_scores(job.request, scores(vectors, activation, job.request), labels=scoring.labels,
+                                      model_name=model_name, tokens=job.tokens)
         return 200, encode(job, vectors, model_name)
     except Exception as err:  # a bug met by one answer must not fail its batch
         log_failure(f"encoding the answer of request {index} of the batch", err)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from embedserve.handler.api.codec import EmbeddingRequest, max_answer_bytes
+from embedserve.handler.api.codec import EmbeddingRequest, Route, max_answer_bytes
 from embedserve.handler.api.errors import RequestError, internal_error, too_large, unprocessable
 from embedserve.handler.api.quantize import SCALAR_DTYPES
+from embedserve.handler.api.scoring import ScoringRequest, max_scoring_answer_bytes
 from embedserve.handler.model.tokenization import TextTokenizer
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
 from embedserve.handler.settings import Settings
@@ -39,11 +40,12 @@ class Checked:
 
 @dataclass(frozen=True)
 class Job:
-    """A valid embedding request, tokenized: model input ids per input."""
-    request: EmbeddingRequest
+    """A valid embedding or scoring request, tokenized: model input ids per input."""
+    request: EmbeddingRequest | ScoringRequest
     ids: list[list[int]]
     normalize: bool
     unpooled: int = 0  # first tokens of each input that pooling leaves out (an excluded prompt)
+    second: list[int] | None = None  # per input, where a pair's second text starts (token type 1)
 
     @property
     def tokens(self) -> int:
@@ -142,18 +144,52 @@ class RequestPreparer:
                     f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
                     "and truncation is off (send \"truncate\": true to cut it)",
                     param=f"{request.field}[{i}]")
-        total = sum(len(item.ids) for item in assembled)
+        self._check_tokens(sum(len(item.ids) for item in assembled), request.field, budget)
+        return Job(request, [item.ids for item in assembled], checked.normalize, prompt.unpooled)
+
+    def _check_tokens(self, total: int, field: str, budget: WorkBudget | None) -> None:
         if total > self.settings.max_tokens_per_request:
             raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
-                            f"{self.settings.max_tokens_per_request}", param=request.field)
+                            f"{self.settings.max_tokens_per_request}", param=field)
         limit = max_request_tokens(self.settings.max_tokens_per_request, budget)
         if total > limit:  # only under a work budget
             raise too_large(f"the request has {total} tokens; this worker embeds about "
                             f"{budget.tokens_per_second:.0f} tokens/s, so a request may hold at most "
                             f"{limit} tokens to finish well within the server's "
                             f"{budget.response_timeout_s:.0f} s response timeout; send fewer or shorter inputs per "
-                            "request", param=request.field)
-        return Job(request, [item.ids for item in assembled], checked.normalize, prompt.unpooled)
+                            "request", param=field)
+
+    def prepare_scoring(self, request: ScoringRequest, budget: WorkBudget | None) -> Job:
+        """A reranker's or classifier's request, checked and tokenized: each (query, document)
+        pair, or text, as one model input, truncated as sentence-transformers' CrossEncoder
+        truncates it; the same limits as embeddings, documents counting as inputs."""
+        settings = self.settings
+        if len(request.inputs) > settings.max_inputs_per_request:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
+                            f"max_inputs_per_request={settings.max_inputs_per_request}", param=request.field)
+        for i, (first, second) in enumerate(request.inputs):
+            for text, param in ((first, "query" if request.route is not Route.TEI_PREDICT else f"inputs[{i}]"),
+                                (second, f"{request.field}[{i}]")):
+                if text is not None and len(text) > settings.max_input_chars:
+                    raise too_large(f"'{param}' has {len(text)} characters; the limit is "
+                                    f"max_input_chars={settings.max_input_chars}", param=param)
+        answer = max_scoring_answer_bytes(request, self.dimension)
+        if answer > settings.max_response_bytes:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
+                            f"bytes; the server sends at most max_response_bytes={settings.max_response_bytes} per "
+                            "answer: send fewer inputs per request, or do not ask for the texts back",
+                            param=request.field)
+        tokenized = self.tokenizer.pairs(request.inputs, self.max_length, request.truncation_direction)
+        truncate = settings.truncate if request.truncate is None else request.truncate
+        for i, item in enumerate(tokenized):
+            if not truncate and item.full_length > self.max_length:
+                raise too_large(f"'{request.field}[{i}]' has {item.full_length} tokens with its query; the limit is "
+                                f"{self.max_length} and truncation is off (send \"truncate\": true to cut it)",
+                                param=f"{request.field}[{i}]")
+        self._check_tokens(sum(len(item.ids) for item in tokenized), request.field, budget)
+        seconds = [item.second for item in tokenized]
+        return Job(request, [item.ids for item in tokenized], normalize=False,
+                   second=seconds if any(seconds) else None)
 
     def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
         """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""

@@ -48,8 +48,10 @@ class Backend(Protocol):
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         """Item indices per pass, at the least cost."""
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PassInputs:
-        """One pass laid out on the device; `unpooled[i]`: row i's leading tokens pooling skips."""
+    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
+                second: Sequence[int] | None = None) -> PassInputs:
+        """One pass laid out on the device; `unpooled[i]`: row i's leading tokens pooling skips;
+        `second[i]`: where row i's second text starts, for a scoring model's pair (0: none)."""
 
     def run(self, inputs: PassInputs, *, eager: bool = False) -> torch.Tensor:
         """(rows, dimension) float32, in row order; `eager` skips any graph. A replayed graph's

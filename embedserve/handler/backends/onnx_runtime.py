@@ -40,7 +40,8 @@ def onnx_file(int8: bool) -> str:
 
 
 class OnnxTransformer:
-    """(batch, sequence) ids and attention mask in, (batch, sequence, hidden) float32 states out."""
+    """(batch, sequence) ids and attention mask in (token types too where exported), (batch,
+    sequence, hidden) float32 states out, or a scoring model's (batch, labels) logits."""
 
     def __init__(self, path: Path, threads: int, lend_threads: int = 0):
         self.path = Path(path)
@@ -63,11 +64,15 @@ class OnnxTransformer:
         options.log_severity_level = 3
         return load_session(self.path, options)
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         session = for_threads(self.sessions, torch.get_num_threads())  # lending sets torch's count
         feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
                 "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
-        return torch.from_numpy(session.run(["last_hidden_state"], feed)[0])
+        if token_type_ids is not None:  # exported only for a scoring model that takes them
+            feed["token_type_ids"] = np.ascontiguousarray(token_type_ids.numpy(), dtype=np.int64)
+        # The one output: last hidden states, or a scoring model's logits.
+        return torch.from_numpy(session.run(None, feed)[0])
 
 
 def load_session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:

@@ -64,9 +64,13 @@ class OpenVinoTransformer:
         hints = {compiled.get_property("INFERENCE_PRECISION_HINT") for compiled in self.compiled.values()}
         return torch.bfloat16 if hints == {openvino.Type.bf16} else torch.float32
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         request = for_threads(self.requests, torch.get_num_threads())  # lending sets torch's count
-        outputs = request.infer({"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
-                                 "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)})
+        feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
+                "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
+        if token_type_ids is not None:  # exported only for a scoring model that takes them
+            feed["token_type_ids"] = np.ascontiguousarray(token_type_ids.numpy(), dtype=np.int64)
+        outputs = request.infer(feed)
         # The request's output buffer is reused by its next pass: copy it out.
         return torch.from_numpy(np.array(outputs[0], dtype=np.float32, copy=True))

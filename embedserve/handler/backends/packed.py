@@ -39,7 +39,10 @@ class PackedBackend:
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         return plan_packed(lengths, cost.max_batch_tokens, cost.max_batch_size)
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PackedInputs:
+    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
+                second: Sequence[int] | None = None) -> PackedInputs:
+        if second and any(second):  # select.py never packs a scoring model
+            raise ValueError("packed passes carry no token types")
         packed = pack(rows, self.device)
         prompts = None if unpooled is None else to_device(np.asarray(unpooled, dtype=np.int64), self.device)
         return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts)

@@ -1,5 +1,6 @@
 """Padded passes: a pass's inputs right-padded into one (batch, seq) rectangle, run by a torch
-model or an ONNX Runtime session, pooled, then through the pipeline's head.
+model or an ONNX Runtime session, pooled, then through the pipeline's head. A scoring model
+(no pooling modes) gives its logits per row directly, with a pair's token types where it takes them.
 
 Every engine runs this layout. The planner (scheduling/planner.py) cuts passes at the least
 padding plus pass cost; with CUDA graphs (backends/cuda_graphs.py, captured by
@@ -17,26 +18,29 @@ import torch
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.cuda_graphs import GraphRunner
-from embedserve.handler.model.pooling import PROMPT, pool
+from embedserve.handler.model.pooling import PROMPT, SECOND_SEGMENT, pool
 from embedserve.handler.scheduling.planner import Replay, padded_length, plan_sub_batches
 from embedserve.handler.worker.transfer import to_device
 
-# (batch, seq) ids and attention mask -> (batch, seq, hidden) states: a torch model
-# (model/loading.py's TorchTransformer) or an ONNX Runtime session (backends/onnx_runtime.py).
-Transformer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (batch, seq) ids, attention mask and token types (None: all 0) -> (batch, seq, hidden) states, or
+# (batch, labels) logits: a torch model (model/loading.py's TorchTransformer), an ONNX Runtime
+# session (backends/onnx_runtime.py) or an OpenVINO model (backends/openvino_runtime.py).
+Transformer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 class PaddedInputs(NamedTuple):
     ids: torch.Tensor  # (rows, length) int64, padding ids after each row's tokens
-    mask: torch.Tensor  # (rows, length): 0 padding, 1 pooled, PROMPT attended but not pooled
+    mask: torch.Tensor  # (rows, length): 0 padding, 1 pooled, PROMPT attended but not pooled, SECOND_SEGMENT
 
 
 class PaddedBackend:
     """Passes as right-padded rectangles. `facts` says what runs them, for /info: the engine
-    and the attention kernel."""
+    and the attention kernel. No `modes`: the transformer scores (one row of logits per input);
+    `segments`: it takes token type ids, a pair's second text being type 1."""
 
     def __init__(self, transformer: Transformer, *, modes: Sequence[str], head: torch.nn.Module | None, pad_id: int,
-                 pad_multiple: int, device: torch.device, facts: dict[str, Any], graphs: GraphRunner | None = None):
+                 pad_multiple: int, device: torch.device, facts: dict[str, Any], graphs: GraphRunner | None = None,
+                 segments: bool = False):
         self.transformer = transformer
         self.modes = tuple(modes)
         self.head = head
@@ -45,26 +49,31 @@ class PaddedBackend:
         self.device = device
         self.facts = dict(facts)
         self.graphs = graphs
+        self.segments = segments
 
     def with_graphs(self, graphs: GraphRunner | None) -> "PaddedBackend":
         """The same backend, replaying `graphs` (captured on this one's `pooled`)."""
         return PaddedBackend(self.transformer, modes=self.modes, head=self.head, pad_id=self.pad_id,
-                             pad_multiple=self.pad_multiple, device=self.device, facts=self.facts, graphs=graphs)
+                             pad_multiple=self.pad_multiple, device=self.device, facts=self.facts, graphs=graphs,
+                             segments=self.segments)
 
     def with_transformer(self, transformer: Transformer) -> "PaddedBackend":
         """The same layout, pooling and head around another transformer (a trial quantization),
         run eagerly: graphs recorded the old one."""
         return PaddedBackend(transformer, modes=self.modes, head=self.head, pad_id=self.pad_id,
-                             pad_multiple=self.pad_multiple, device=self.device, facts=self.facts)
+                             pad_multiple=self.pad_multiple, device=self.device, facts=self.facts,
+                             segments=self.segments)
 
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         replay = None if self.graphs is None else Replay(self.graphs.table, cost.replay_overhead_tokens)
         return plan_sub_batches(lengths, cost.max_batch_tokens, cost.max_batch_size, self.pad_multiple,
                                 cost.pass_overhead_tokens, replay)
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PaddedInputs:
+    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
+                second: Sequence[int] | None = None) -> PaddedInputs:
         """Right-pad to the longest row, rounded up to the pad multiple; the mask marks padding,
-        pooled tokens and prompt tokens pooling leaves out (embedserve/handler/model/pooling.py)."""
+        pooled tokens, prompt tokens pooling leaves out (embedserve/handler/model/pooling.py) and
+        a pair's second text, from token `second[i]` of row i (0: a single text)."""
         sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         length = padded_length(int(sizes.max()), self.pad_multiple)
         positions = np.arange(length)
@@ -74,6 +83,9 @@ class PaddedBackend:
         mask = real.astype(np.int64)
         if unpooled:
             mask[positions < np.minimum(np.asarray(unpooled, dtype=np.int64), sizes)[:, None]] = PROMPT
+        if second and any(second):
+            starts = np.asarray(second, dtype=np.int64)[:, None]
+            mask[real & (starts > 0) & (positions >= starts)] = SECOND_SEGMENT
         return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device))
 
     def run(self, inputs: PaddedInputs, *, eager: bool = False) -> torch.Tensor:
@@ -84,7 +96,10 @@ class PaddedBackend:
     def pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The eager pass: (batch, seq) ids and pooling mask -> (batch, dimension) float32."""
         attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
-        hidden = self.transformer(ids, attention)  # (batch, seq, hidden)
+        segments = (mask == SECOND_SEGMENT).to(ids.dtype) if self.segments else None
+        hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
+        if not self.modes:
+            return hidden.to(torch.float32)
         pooled = pool(hidden, mask, self.modes)  # (batch, hidden * modes)
         return pooled if self.head is None else self.head(pooled)
 

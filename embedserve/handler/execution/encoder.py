@@ -92,9 +92,11 @@ class Encoder:
         kernel, how many CUDA graphs it replays (0: every pass runs eagerly)."""
         return self.backend.describe()
 
-    def embed(self, token_ids: Sequence[Sequence[int]], unpooled: Sequence[int] | None = None) -> Embedded:
-        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order.
-        `unpooled[i]`: how many of item i's first tokens pooling leaves out (an excluded prompt)."""
+    def embed(self, token_ids: Sequence[Sequence[int]], unpooled: Sequence[int] | None = None,
+              second: Sequence[int] | None = None) -> Embedded:
+        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order
+        (a scoring model's logits). `unpooled[i]`: how many of item i's first tokens pooling leaves
+        out (an excluded prompt); `second[i]`: where item i's second text starts (a pair; 0: none)."""
         lengths = [len(ids) for ids in token_ids]
         device = self.backend.device
         out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32, device=device)
@@ -105,7 +107,8 @@ class Encoder:
             while pending:
                 indices = pending.pop(0)
                 inputs = self.backend.prepare([token_ids[i] for i in indices],
-                                              [unpooled[i] for i in indices] if unpooled else None)
+                                              [unpooled[i] for i in indices] if unpooled else None,
+                                              [second[i] for i in indices] if second else None)
                 try:
                     with self._cpus_for_pass(inputs.ids):
                         # A copy on the device: a replayed graph's output buffer is overwritten by the next.

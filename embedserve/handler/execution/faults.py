@@ -83,8 +83,9 @@ class FaultInjectingBackend:
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         return self.backend.plan(lengths, cost)
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None) -> PassInputs:
-        return self.backend.prepare(rows, unpooled)
+    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
+                second: Sequence[int] | None = None) -> PassInputs:
+        return self.backend.prepare(rows, unpooled, second)
 
     def run(self, inputs: PassInputs, *, eager: bool = False) -> torch.Tensor:
         self.faults.check(inputs.ids)

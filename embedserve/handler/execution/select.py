@@ -39,7 +39,7 @@ from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
     time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.files import HeadModule, Pooling
+from embedserve.handler.model.files import HeadModule, Pooling, Scoring
 from embedserve.handler.model.head import load_head
 from embedserve.handler.model.loading import TorchTransformer, load_model
 from embedserve.handler.model.packed_forward import VARLEN_FLASH, PackedTransformer, packed_support
@@ -62,6 +62,7 @@ class ModelParts:
     max_batch_size: int
     max_positions: int | None  # tokens per input the position embeddings allow; None for rotary models
     max_length: int  # the longest input the engine ever passes, special tokens included
+    scoring: Scoring | None = None  # a reranker's or classifier's head: logits, no pooling
 
 
 @dataclass
@@ -135,10 +136,15 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     placement = replace(placement, dtype=candidate.dtype)
     engine = candidate.engine
     reasons: dict[str, Any] = {}
-    width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(parts.pooling.modes)
-    head, dimension = load_head(model_dir, parts.head, width, placement.device)
-    padded_parts = dict(modes=parts.pooling.modes, head=head, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
-                        device=placement.device)
+    scoring = parts.scoring
+    if scoring:  # the model's own head gives the logits: no pooling, no sentence-transformers head
+        head, dimension, modes = None, len(scoring.labels), ()
+    else:
+        width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(parts.pooling.modes)
+        head, dimension = load_head(model_dir, parts.head, width, placement.device)
+        modes = parts.pooling.modes
+    padded_parts = dict(modes=modes, head=head, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
+                        device=placement.device, segments=bool(scoring and scoring.segments))
     if engine in ("onnxruntime", "openvino"):
         if engine == "onnxruntime":
             transformer: Any = OnnxTransformer(model_dir / onnx_file(placement.int8), placement.cpu_threads or 1,
@@ -151,12 +157,17 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
         reasons["layout"] = f"padded: the {engine} engine runs padded passes"
     else:
         model = load_model(model_dir, device=placement.device, dtype=placement.dtype,
-                           int8_fp32_layers=placement.int8_fp32_layers, compile=placement.compile)
+                           int8_fp32_layers=placement.int8_fp32_layers, compile=placement.compile,
+                           scoring=scoring is not None)
         torch_transformer = TorchTransformer(model)
         padded = PaddedBackend(torch_transformer, facts={"engine": engine, "attention": torch_transformer.attention},
                                **padded_parts)
-        backend, reasons["layout"] = _layout(padded, torch_transformer.model, placement, parts, head) \
-            if placement.packed else (padded, "padded: the default")
+        if placement.packed and scoring:
+            backend, reasons["layout"] = padded, "padded: packed passes pool token states; a scoring model's head " \
+                                                 "reads its own"
+        else:
+            backend, reasons["layout"] = _layout(padded, torch_transformer.model, placement, parts, head) \
+                if placement.packed else (padded, "padded: the default")
         if placement.cuda_graphs:
             with torch.inference_mode():
                 backend, reasons["cuda_graphs"] = with_graphs(backend, torch_transformer.model, placement, parts)

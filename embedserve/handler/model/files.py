@@ -5,6 +5,13 @@ Hugging Face model, configured by `sentence_bert_config.json`), a Pooling module
 `config.json`), then modules that transform the pooled vector (Dense, LayerNorm, Normalize).
 `config_sentence_transformers.json` holds named prompts ("query: ", ...) and the default one.
 
+A scoring model (a reranker or a classifier) is a Hugging Face sequence-classification model: its
+own head gives one logit per label for a text or a (query, document) pair. sentence-transformers 6
+saves a `CrossEncoder` as such a model with a lone Transformer module, its activation in
+`config_sentence_transformers.json` (Sigmoid for one label, the identity for several, by default).
+A causal language model scored by `LogitScore` (the Qwen3-Reranker shape) is refused for now:
+its pairs are rendered by the model's chat template, which this server does not reproduce yet.
+
 Every module that changes the vectors is either read here, to be applied exactly as
 sentence-transformers applies it, or refused with an error naming it: a model is never served
 with a step of its pipeline silently skipped. Module types are matched by class name, so the
@@ -47,6 +54,10 @@ PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembe
                             "roberta-prelayernorm", "xmod", "ibert", "longformer")
 
 
+# What a model serves: vectors, a relevance score per (query, document) pair, or a score per label.
+EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
+
+
 class ModelFilesError(ValueError):
     """A model folder is missing a file or describes something this server cannot do."""
 
@@ -71,6 +82,19 @@ class HeadModule:
 
 
 @dataclass(frozen=True)
+class Scoring:
+    """A sequence-classification head: its labels, and the activation sentence-transformers'
+    CrossEncoder applies to the logits (a torch.nn class name)."""
+    labels: tuple[str, ...]  # by logit index; one label: a reranker
+    activation: str  # "Sigmoid", "Identity", ...
+    segments: bool  # the model takes token type ids: a pair's second text is its segment 1
+
+    @property
+    def task(self) -> str:
+        return RERANK if len(self.labels) == 1 else CLASSIFY
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
     hidden_size: int  # the transformer's output width
@@ -81,6 +105,11 @@ class ModelDescription:
     do_lower_case: bool = False  # the Transformer module lowercases text before tokenizing
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    scoring: Scoring | None = None  # a reranker's or classifier's head; None for an embedding model
+
+    @property
+    def task(self) -> str:
+        return self.scoring.task if self.scoring else EMBED
 
     def served_with(self, pooling_setting: str) -> "ModelDescription":
         """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved
@@ -92,13 +121,18 @@ class ModelDescription:
 
     @property
     def dimension(self) -> int:
-        """The served vector's width: the last Dense module's, else the pooled one."""
+        """The served vector's width: the last Dense module's, else the pooled one; a scoring
+        model's logits per input."""
+        if self.scoring:
+            return len(self.scoring.labels)
         widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
         return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
 
     @property
     def modules(self) -> list[str]:
         """The pipeline as applied, for reports and /info."""
+        if self.scoring:
+            return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
         pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
             if self.pooling else []
         return ["Transformer", *pooling, *(_describe_head_module(m) for m in self.head)]
@@ -112,7 +146,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     check_architecture(config)
     if not isinstance(config.get("hidden_size"), int):
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
-    pooling, head = _read_pipeline(model_dir)
+    scoring = _read_scoring(model_dir, config)
+    pooling, head = (None, ()) if scoring else _read_pipeline(model_dir)
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
         model_dir / "sentence_bert_config.json").is_file() else {}
     prompts, default_prompt_name = _read_prompts(model_dir)
@@ -126,6 +161,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         do_lower_case=bool(transformer.get("do_lower_case", False)),
         prompts=prompts,
         default_prompt_name=default_prompt_name,
+        scoring=scoring,
     )
 
 
@@ -151,6 +187,42 @@ def usable_positions(config: dict[str, Any]) -> int | None:
     if config.get("model_type") in PADDING_OFFSET_POSITIONS:
         return table - int(config.get("pad_token_id") if config.get("pad_token_id") is not None else 1) - 1
     return table
+
+
+def _read_scoring(model_dir: Path, config: dict[str, Any]) -> Scoring | None:
+    """The head of a sequence-classification model (a CrossEncoder or a plain Hugging Face
+    classifier); None for an embedding model. A causal LM reranker is refused, naming why."""
+    architecture = str((config.get("architectures") or [""])[0])
+    modules = _read_json(model_dir / "modules.json") if (model_dir / "modules.json").is_file() else []
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    if "LogitScore" in kinds or (architecture.endswith("ForCausalLM") and _is_cross_encoder(model_dir)):
+        raise ModelFilesError(f"{model_dir} is a causal language model reranker ({architecture}, scored by "
+                              "LogitScore); its (query, document) pairs are rendered by the model's chat template, "
+                              "which this server does not reproduce yet: refusing rather than serving other scores")
+    if not architecture.endswith("ForSequenceClassification"):
+        return None
+    if kinds not in ([], ["Transformer"]):
+        raise ModelFilesError(f"{model_dir}/modules.json: a sequence-classification model with modules "
+                              f"{kinds}; only a CrossEncoder's lone Transformer is supported")
+    labels = config.get("id2label") or {}
+    count = int(config.get("num_labels") or len(labels) or 1)
+    names = tuple(str(labels.get(str(i), labels.get(i, f"LABEL_{i}"))) for i in range(count))
+    st_config = _read_json(model_dir / "config_sentence_transformers.json") if (
+        model_dir / "config_sentence_transformers.json").is_file() else {}
+    if st_config.get("default_prompt_name"):
+        raise ModelFilesError(f"{model_dir}/config_sentence_transformers.json: a default prompt for a cross-encoder "
+                              "is not supported")
+    # sentence-transformers' order: its own config, then the model config's (v4+), then the default.
+    activation = st_config.get("activation_fn") or (config.get("sentence_transformers") or {}).get("activation_fn") \
+        or config.get("sbert_ce_default_activation_function") \
+        or ("torch.nn.modules.activation.Sigmoid" if count == 1 else "torch.nn.modules.linear.Identity")
+    activation_class(activation, f"{model_dir}: activation_fn")
+    return Scoring(names, activation.rsplit(".", 1)[-1], segments=int(config.get("type_vocab_size") or 0) > 1)
+
+
+def _is_cross_encoder(model_dir: Path) -> bool:
+    path = model_dir / "config_sentence_transformers.json"
+    return path.is_file() and _read_json(path).get("model_type") == "CrossEncoder"
 
 
 def _read_pipeline(model_dir: Path) -> tuple[Pooling | None, tuple[HeadModule, ...]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForSequenceClassification
 from transformers.utils import logging as transformers_logging
 
 from embedserve.handler.model.attention_mask import mask_builder
@@ -26,15 +26,18 @@ transformers_logging.disable_progress_bar()
 
 
 def load_model(model_dir: Path, *, device: torch.device, dtype: torch.dtype,
-               int8_fp32_layers: Sequence[str] | None = None, compile: bool = False) -> torch.nn.Module:
+               int8_fp32_layers: Sequence[str] | None = None, compile: bool = False,
+               scoring: bool = False) -> torch.nn.Module:
     """The model on `device` in `dtype`; with `int8_fp32_layers` (CPU), its Linear layers but
-    those quantized to int8; with `compile`, wrapped in torch.compile."""
+    those quantized to int8; with `compile`, wrapped in torch.compile. `scoring`: the model
+    with its sequence-classification head (a reranker's or classifier's logits)."""
     kwargs = dict(dtype=dtype, use_safetensors=True)
+    auto = AutoModelForSequenceClassification if scoring else AutoModel
     try:
-        model = AutoModel.from_pretrained(model_dir, attn_implementation="sdpa", **kwargs)
+        model = auto.from_pretrained(model_dir, attn_implementation="sdpa", **kwargs)
     except (ValueError, ImportError) as err:  # architectures without SDPA support
         log.warning("SDPA attention unavailable (%s); using eager attention", err)
-        model = AutoModel.from_pretrained(model_dir, **kwargs)
+        model = auto.from_pretrained(model_dir, **kwargs)
     model = model.to(device).eval()
     # An embedding pass never decodes further: a key/value cache (Qwen3 and other decoders
     # build one by default) would only hold every layer's keys and values to the pass's end.
@@ -47,11 +50,14 @@ def load_model(model_dir: Path, *, device: torch.device, dtype: torch.dtype,
 
 
 class TorchTransformer:
-    """(batch, seq) ids and attention mask -> (batch, seq, hidden) states of a torch model."""
+    """(batch, seq) ids and attention mask -> (batch, seq, hidden) states of a torch model, or
+    (batch, labels) logits of a sequence-classification model; token type ids where given."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.attention_mask = mask_builder(model)  # None: the model builds its own mask
+        self.scoring = is_scoring(model)
+        # None: the model builds its own mask. A classifier hands its mask on to its base model.
+        self.attention_mask = mask_builder(getattr(model, "base_model", model) if self.scoring else model)
 
     @property
     def attention(self) -> str:
@@ -59,10 +65,18 @@ class TorchTransformer:
         config = getattr(self.model, "_orig_mod", self.model).config
         return getattr(config, "_attn_implementation", None) or "eager"
 
-    def __call__(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, attention: torch.Tensor, segments: torch.Tensor | None = None
+                 ) -> torch.Tensor:
         if self.attention_mask is not None:
             attention = self.attention_mask(attention)  # (batch, 1, seq, seq): no host read
-        return self.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        extra = {} if segments is None else {"token_type_ids": segments}
+        out = self.model(input_ids=ids, attention_mask=attention, **extra)
+        return out.logits if self.scoring else out.last_hidden_state
+
+
+def is_scoring(model: torch.nn.Module) -> bool:
+    """Whether the model ends in a sequence-classification head (its output is logits)."""
+    return type(getattr(model, "_orig_mod", model)).__name__.endswith("ForSequenceClassification")
 
 
 def quantizable_layers(model: torch.nn.Module) -> list[str]:

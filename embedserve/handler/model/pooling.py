@@ -6,6 +6,7 @@ Inputs are right-padded: `hidden` is (batch, seq, hidden) and `mask` is (batch, 
   1  a token the model attends to and pooling uses,
   2  a prompt token the model attends to but pooling leaves out (a Pooling module with
      `include_prompt: false`; sentence-transformers zeroes those positions of the pooling mask).
+  3  a token of a pair's second text (token type 1), for scoring models, which do not pool.
 Several modes are concatenated in the order given. Pooling accumulates in float32 whatever the
 model's dtype, so half-precision models do not lose precision in the sum.
 """
@@ -20,6 +21,7 @@ from embedserve.handler.model.files import POOLING_MODES
 
 POOLED = 1
 PROMPT = 2
+SECOND_SEGMENT = 3
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:

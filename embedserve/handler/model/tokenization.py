@@ -37,6 +37,7 @@ def set_parallelism(enabled: bool) -> None:
 class Tokenized:
     ids: list[int]  # model input, special tokens included, truncated
     full_length: int  # the length it would have without truncation
+    second: int = 0  # where a pair's second text starts, as token type 1 (0: one text, or no types)
 
 
 class TextTokenizer:
@@ -60,6 +61,9 @@ class TextTokenizer:
         pad_id = hf_tokenizer.pad_token_id
         self.pad_id = pad_id if pad_id is not None else 0
         self.prefix, self.suffix = self._special_tokens_around()
+        # Whether the model is given token types: only where the tokenizer hands them on.
+        self.token_types = "token_type_ids" in (hf_tokenizer.model_input_names or ())
+        self._truncating_copies: dict[tuple[int, str], Tokenizer] = {}
 
     def _ascii_backend(self, lowercase: bool) -> Tokenizer | None:
         """A copy for printable ASCII texts, where BERT's normalizer (control characters
@@ -122,6 +126,29 @@ class TextTokenizer:
                 body = body[:room]
         return Tokenized(self.prefix + list(body) + self.suffix, full_length)
 
+    def pairs(self, pairs: Sequence[tuple[str, str | None]], max_length: int, direction: str) -> list[Tokenized]:
+        """Texts and (query, document) pairs as a scoring model takes them: what
+        `tokenizer(queries, documents, truncation="longest_first", max_length=...)` gives, as
+        sentence-transformers' CrossEncoder calls it (the longer text is cut first, token by
+        token), with the full length for "too long" errors."""
+        pairs = [(first, second) if second is not None else first for first, second in pairs]
+        full = self.backend.encode_batch(pairs, add_special_tokens=True)
+        long = [i for i, encoding in enumerate(full) if len(encoding.ids) > max_length]
+        cut = dict(zip(long, self._truncating(max_length, direction).encode_batch([pairs[i] for i in long],
+                                                                                 add_special_tokens=True)))
+        return [Tokenized(cut.get(i, encoding).ids, len(encoding.ids),
+                          _second_segment(cut.get(i, encoding).type_ids) if self.token_types else 0)
+                for i, encoding in enumerate(full)]
+
+    def _truncating(self, max_length: int, direction: str) -> Tokenizer:
+        """A copy that truncates pairs longest-first to max_length, kept per length and side."""
+        key = (max_length, direction)
+        if key not in self._truncating_copies:
+            copy = Tokenizer.from_str(self.backend.to_str())
+            copy.enable_truncation(max_length, strategy="longest_first", direction=direction)
+            self._truncating_copies[key] = copy
+        return self._truncating_copies[key]
+
     def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
         """TEI's /tokenize answer: id, text, special, and character offsets per token."""
         result = []
@@ -133,6 +160,18 @@ class TextTokenizer:
                     encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets)
             ])
         return result
+
+
+def _second_segment(type_ids: Sequence[int]) -> int:
+    """Where token type 1 starts; the tokenizer's template puts it on the second text and its
+    special tokens, to the end (BERT: [CLS] a [SEP] b [SEP], types 0...0 1...1)."""
+    try:
+        start = list(type_ids).index(1)
+    except ValueError:
+        return 0
+    if any(kind != 1 for kind in type_ids[start:]):
+        raise ModelFilesError("the tokenizer's pair template gives token types other than 0...0 1...1")
+    return start
 
 
 def _ids(backend: Tokenizer, texts: list[str]) -> list[list[int]]:
