@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -24,10 +25,21 @@ def cpu() -> dict:
             "amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags}
 
 
+def compressed_bytes(image: str, engine: list[str]) -> int:
+    """What a registry stores: the image's layers gzip-compressed (podman save, gzip -6)."""
+    command = f"{shlex.join([*engine, 'save', image])} | gzip -6 | wc -c"
+    return int(subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True,
+                              check=True).stdout)
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bench" / "results" / "image-cpu.json"
     build = json.loads((REPO / "build" / "image" / "last.json").read_text())
     tests = json.loads((REPO / "build" / "image" / "test-figures.json").read_text())
+    sys.path.insert(0, str(REPO))
+    from tests.support.containers import engine
+
+    build["compressed_bytes"] = compressed_bytes(build["image"], engine())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                             check=False).stdout.strip()
     result = {"recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,

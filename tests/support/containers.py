@@ -149,6 +149,7 @@ class Nginx:
     """Debian's nginx on a free loopback port, round robin over `upstreams` (host:port)."""
     root: Path
     upstreams: list[str]
+    retry: bool = False  # the gateway setting docs/deployment.md recommends: retry POST elsewhere
     port: int = field(default_factory=free_port)
     process: subprocess.Popen | None = None
 
@@ -159,7 +160,10 @@ class Nginx:
         # Passive health checks (open-source nginx has no active ones): a replica that refuses a
         # connection or times out is left out for fail_timeout. POST is not idempotent to nginx:
         # once sent, a request is not retried elsewhere (proxy_next_upstream's default), so the
-        # failures a killed replica causes reach the client, where they are counted.
+        # failures a killed replica causes reach the client, where they are counted; with
+        # `retry`, nginx sends them to the other replica (an embedding is a pure function).
+        retry = ("proxy_next_upstream error timeout http_502 http_503 http_504 non_idempotent;\n"
+                 "      proxy_next_upstream_tries 3;") if self.retry else ""
         return f"""
 pid {self.root}/nginx.pid;
 error_log {self.root}/error.log warn;
@@ -181,6 +185,7 @@ http {{
       proxy_connect_timeout 2s;
       proxy_read_timeout 60s;
       add_header X-Upstream $upstream_addr always;
+      {retry}
     }}
   }}
 }}
