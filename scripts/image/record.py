@@ -42,8 +42,9 @@ def main() -> int:
     build["compressed_bytes"] = compressed_bytes(build["image"], engine())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                             check=False).stdout.strip()
+    version = subprocess.run([*engine(), "--version"], capture_output=True, text=True, check=False).stdout.strip()
     result = {"recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-              "machine": {"cpu": cpu(), "kernel": platform.release()},
+              "machine": {"cpu": cpu(), "kernel": platform.release(), "engine": version},
               "commands": ["make image", "make test-image"], "build": build, "tests": tests}
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out.relative_to(REPO)}")
