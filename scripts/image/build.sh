@@ -4,6 +4,7 @@
 #   BASE_IMAGE=...              a base of your own; by default python:3.11-slim-bookworm when a
 #                               registry has it, else one built here with mmdebstrap (build_base.sh)
 #   REBUILD_BASE=1              rebuild the mmdebstrap base even when it exists
+#   NO_CACHE=1                  no layer of an earlier build reused (with REBUILD_BASE=1: from nothing)
 # The wheels (torch's CPU wheel among them) are built on the host into a wheelhouse that the
 # build installs with --no-index, so the image never sees PyPI's CUDA build. An image that
 # carries CUDA libraries anyway is refused and removed. Prints the size; writes build/image/last.json.
@@ -28,9 +29,11 @@ if [[ -z "$base" ]]; then
     if [[ -n "${REBUILD_BASE:-}" ]] || ! engine image inspect "$base" >/dev/null 2>&1; then
       echo "no registry reachable: building the base from Debian's packages (mmdebstrap) ..." >&2
       bash scripts/image/build_base.sh "$ENGINE" "$base"
+      base_built=true
     fi
   fi
 fi
+base_built=false
 base_done=$(date +%s)
 
 # The build context: only what the Dockerfile copies, the image's own .mar (one torch thread per
@@ -67,7 +70,8 @@ wheels_done=$(date +%s)
 echo "building $image on $base with $ENGINE ..." >&2
 # Podman needs the ignore file named; docker reads Dockerfile.dockerignore beside the Dockerfile.
 ignore=(); [[ "$ENGINE" == podman ]] && ignore=(--ignorefile "$context/deploy/container/Dockerfile.dockerignore")
-engine build $RUN_FLAGS --network=host "${ignore[@]}" \
+cache=(); [[ -n "${NO_CACHE:-}" ]] && cache=(--no-cache)
+engine build $RUN_FLAGS --network=host "${ignore[@]}" "${cache[@]}" \
   -f "$context/deploy/container/Dockerfile" --build-arg "BASE_IMAGE=$base" -t "$image" "$context" > "$work/build.log" 2>&1 \
   || { tail -n 40 "$work/build.log" >&2; exit 1; }
 built=$(date +%s)
@@ -84,6 +88,7 @@ fi
 size=$(engine image inspect --format '{{.Size}}' "$image")
 cat > "$work/last.json" <<JSON
 {"image": "$image", "base": "$base", "engine": "$ENGINE", "size_bytes": $size,
+ "base_built": $base_built, "layer_cache": $([[ -n "${NO_CACHE:-}" ]] && echo false || echo true),
  "seconds": {"base": $((base_done - start)), "mar": $((mar_done - base_done)), "wheels": $((wheels_done - mar_done)),
              "image": $((built - wheels_done)), "total": $(( $(date +%s) - start ))}}
 JSON

@@ -180,8 +180,11 @@ def test_the_manifests_say_what_the_tested_container_is(runnable):
     probe = container["readinessProbe"]
     assert probe["exec"]["command"][:3] == ["python", "-m", "embedserve.scripts.probe"]
     assert float(probe["exec"]["command"][-1]) < probe["timeoutSeconds"]
-    # preStop, then the drain and TorchServe's stop measured above, inside the grace period.
+    # preStop, then the entry point's longest drain and TorchServe's longest stop (torchserve
+    # --stop --foreground waits 60 s), inside the grace period; and the stop measured above.
     pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    drain_s = int(re.search(r"DRAIN_S:-(\d+)", (REPO / "deploy" / "container" / "entrypoint.sh").read_text())[1])
+    assert pre_stop + drain_s + 60 <= spec["terminationGracePeriodSeconds"]
     if "sigterm" in figures:
         assert pre_stop + figures["sigterm"]["exit_s"] < spec["terminationGracePeriodSeconds"]
 
