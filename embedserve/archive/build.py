@@ -1,4 +1,4 @@
-"""Build a .mar from an embedding model and register it in config.properties.
+"""Build a .mar from an embedding model, a cross-encoder reranker or a sequence classifier, and register it in config.properties.
 
     python -m embedserve.archive.build [--model PATH_OR_HUB_ID] [--name NAME] [--version V] ...
 
@@ -35,6 +35,7 @@ from embedserve.archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from embedserve.archive.ts_config import read_properties, register_model, update_properties
 from embedserve.handler.api.codec import max_answer_bytes
 from embedserve.handler.backends.onnx_runtime import ONNX_FILE
+from embedserve.handler.api.scoring import scoring_answer_bytes
 from embedserve.handler.model.files import describe_model
 from embedserve.handler.settings import Settings
 
@@ -109,14 +110,22 @@ def build(args: argparse.Namespace) -> Path:
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
         description = describe_model(stage / "model").served_with(config["handler"]["pooling"])
         dimension = description.dimension
+        scoring = description.scoring
+        if scoring and args.dtype == "int8":
+            raise BuildError(f"--dtype int8 is calibrated on embeddings; this model is a {scoring.task} model")
         if serves_onnx(config["handler"]):
-            outcome = export_onnx(stage / "model", description.usable_positions)
+            outcome = export_onnx(stage / "model", description.usable_positions, scoring=scoring is not None,
+                                  segments=bool(scoring and scoring.segments))
             print(f"ONNX Runtime (the CPU engine): {outcome}", file=sys.stderr)
             if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
-        frontend = frontend_limits(config["handler"], dimension, args.name)
+        frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
-        check_cpu_bf16(args, config["handler"], stage / "model")
+        if scoring:
+            print(f"a {scoring.task} model ({len(scoring.labels)} label(s), {scoring.activation}); bfloat16 CPU "
+                  "engines: not checked for scoring models, CPU workers serve float32", file=sys.stderr)
+        else:
+            check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
             from embedserve.archive.int8_calibration import calibrate, calibrate_onnx
 
@@ -163,15 +172,19 @@ def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> 
         print(line, file=sys.stderr)
 
 
-def frontend_limits(handler: dict, dimension: int, name: str) -> dict[str, int]:
+def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = False) -> dict[str, int]:
     """What TorchServe must let through for the handler's limits to hold end to end:
     - max_response_size: the largest answer, max_inputs_per_request vectors of the model's
-      dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB);
+      dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB); for a scoring model (its
+      dimension: its labels), their scores, and at least TorchServe's 6.5 MB for the texts a
+      rerank answer may echo back (beyond it, 413 asks for them not to be);
     - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
       digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
     settings = Settings.from_mapping(handler)
+    answer = max(TS_DEFAULT_BODY_BYTES, scoring_answer_bytes(settings.max_inputs_per_request, dimension)) if scoring \
+        else max_answer_bytes(settings.max_inputs_per_request, dimension, "float", "float", name)
     return {
-        "max_response_size": max_answer_bytes(settings.max_inputs_per_request, dimension, "float", "float", name),
+        "max_response_size": answer,
         "max_request_size": max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8
                                 + settings.max_inputs_per_request * 4 + 65536),
     }

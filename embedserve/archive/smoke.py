@@ -1,5 +1,6 @@
 """The build's smoke check: load the staged model as a worker would (on a CPU), report what was
-found, embed, and compare with sentence-transformers when it is installed.
+found, embed, and compare with sentence-transformers when it is installed: vectors with
+SentenceTransformer.encode, a reranker's or classifier's scores with CrossEncoder.predict.
 
 A model whose vectors differ from sentence-transformers' fails the build: an index built on
 wrong vectors has to be rebuilt, so the mismatch must surface before anything is served.
@@ -16,6 +17,13 @@ import numpy as np
 # The comparison's bar, fp32 on a CPU: the engine's own batching and padding move the last
 # digits only.
 MIN_COSINE = 0.9999
+MAX_SCORE_DIFFERENCE = 1e-4  # scores, after the model's activation (logits where it has none)
+PAIRS = (
+    ("what is the capital of Japan?", "東京は日本の首都です。"),
+    ("a", "The quick brown fox jumps over the lazy dog."),
+    ("fox", "Embeddings map text to vectors; similar meanings land close together. " * 80),  # cut longest first
+    ("¿Dónde está la biblioteca? " * 40, "la biblioteca"),
+)
 TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
     "a",
@@ -42,11 +50,12 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     lines = [
         f"architecture: {info['architecture']} (engine: {info['engine']})",
         f"pipeline: {' -> '.join(info['modules'])}",
-        f"pooling: {info['pooling']}",
+        f"pooling: {info['pooling'] or 'none (the model''s own head)'}",
         f"prompts: {prompts}; default: {preparer.default_prompt!r}",
         f"max length: {preparer.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
-        f"dimension: {engine.encoder.dimension}",
+        f"dimension: {engine.encoder.dimension}" if engine.scoring is None else
+        f"task: {engine.task}, labels: {', '.join(engine.scoring.labels)}",
     ]
     if settings.pooling != "auto" or settings.prompt:
         return lines + ["sentence-transformers: not compared (pooling or prompt set by the build overrides the "
@@ -55,7 +64,46 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         import sentence_transformers  # noqa: F401  (optional: the test extras install it)
     except ImportError:
         return lines + ["sentence-transformers: not installed, not compared"]
+    if engine.scoring is not None:
+        return lines + [_compare_scores(engine, model_dir)]
     return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
+
+
+def _compare_scores(engine, model_dir: Path) -> str:
+    """The served scores (/predict: each label's, through the activation) against
+    CrossEncoder.predict with the same activation, on pairs and on single texts."""
+    from sentence_transformers import CrossEncoder
+
+    try:
+        reference = CrossEncoder(str(model_dir), device="cpu", local_files_only=True,
+                                 max_length=engine.preparer.max_length)
+    except Exception as err:
+        return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
+    import torch
+
+    inputs = [list(pair) for pair in PAIRS] + list(TEXTS)
+    # /predict answers the softmax of a classifier's logits, as TEI does; one label, its activation.
+    options = dict(activation_fn=torch.nn.Identity(), apply_softmax=True) if len(engine.scoring.labels) > 1 else {}
+    want = np.asarray(reference.predict([tuple(item) if isinstance(item, list) else item for item in inputs],
+                                        **options), dtype=np.float64).reshape(len(inputs), -1)
+    [response] = engine.handle([_raw({"inputs": inputs}, "predict")])
+    if response.status != 200:
+        raise SmokeError(f"the smoke request failed with {response.status}: {response.body.decode()}")
+    labels = engine.scoring.labels
+    got = np.array([[dict((item["label"], item["score"]) for item in row)[label] for label in labels]
+                    for row in json.loads(response.body)])
+    worst = float(np.abs(got - want).max())
+    line = f"sentence-transformers CrossEncoder: max score difference {worst:.1e} over {got.size} scores"
+    if not worst <= MAX_SCORE_DIFFERENCE:
+        raise SmokeError(f"the served scores differ from CrossEncoder.predict's by {worst:.1e} (> "
+                         f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
+    return line
+
+
+def _raw(body: dict[str, Any], route: str):
+    from embedserve.handler.service import RawRequest
+
+    return RawRequest(json.dumps(body).encode(), "application/json", route)
 
 
 def _compare(engine, model_dir: Path, int8: bool) -> str:

@@ -152,8 +152,9 @@ class TorchServe:
         return urlunsplit(parts)
 
     def embedding_problem(self, model: str, timeout: float = 30.0) -> str | None:
-        """None when `model` answers one finite, non-empty embedding; otherwise why not. The
-        inference key is sent when TorchServe wrote a key file (token authorization on)."""
+        """None when `model` answers one finite, non-empty embedding (a reranker or classifier:
+        finite scores); otherwise why not. The inference key is sent when TorchServe wrote a key
+        file (token authorization on)."""
         try:
             headers = self.auth() if (self.workdir / "key_file.json").is_file() else {}
             response = requests.post(f"{self.client_url('inference')}/predictions/{model}",
@@ -162,6 +163,8 @@ class TorchServe:
             return f"model {model}: no answer ({type(err).__name__})"
         except (OSError, ValueError, KeyError) as err:  # an unreadable or half-written key file
             return f"cannot read the inference key: {err}"
+        if response.status_code == 404 and "'predict'" in response.text:  # a reranker or classifier: it scores
+            return self._scoring_problem(model, headers, timeout)
         if response.status_code != 200:
             return f"model {model}: HTTP {response.status_code}: {response.text[:200]}"
         try:
@@ -171,6 +174,21 @@ class TorchServe:
         except (ValueError, KeyError, IndexError, TypeError):
             return f"model {model}: the answer is not an embedding: {response.text[:200]}"
         return None if real else f"model {model}: empty or non-finite embedding"
+
+    def _scoring_problem(self, model: str, headers: dict[str, str], timeout: float) -> str | None:
+        """None when a scoring model answers finite scores for one text on /predict."""
+        version = default_version(self.models[model])
+        try:
+            response = requests.post(f"{self.client_url('inference')}/predictions/{model}/{version}/predict",
+                                     json={"inputs": READINESS_TEXT}, headers=headers, timeout=timeout)
+            scores = [float(item["score"]) for item in response.json()] if response.status_code == 200 else []
+        except requests.RequestException as err:
+            return f"model {model}: no answer ({type(err).__name__})"
+        except (ValueError, KeyError, TypeError):
+            return f"model {model}: the answer is not a list of scores: {response.text[:200]}"
+        if response.status_code != 200:
+            return f"model {model}: HTTP {response.status_code}: {response.text[:200]}"
+        return None if scores and all(math.isfinite(x) for x in scores) else f"model {model}: no finite score"
 
     def embeds(self, model: str) -> bool:
         return self.embedding_problem(model) is None

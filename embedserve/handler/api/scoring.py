@@ -178,6 +178,11 @@ def encode_scores(request: ScoringRequest, values: np.ndarray, *, labels: tuple[
 def max_scoring_answer_bytes(request: ScoringRequest, labels: int) -> int:
     """An upper bound of the answer's bytes, before scoring: documents echoed back count in
     UTF-8, JSON-escaped at worst 6 bytes a character."""
-    row = 96 + 40 * labels
     echoed = sum(6 * len(text) for text in request.documents) if request.return_text else 0
-    return len(request.inputs) * row + echoed + 512
+    return scoring_answer_bytes(len(request.inputs), labels) + echoed
+
+
+def scoring_answer_bytes(count: int, labels: int) -> int:
+    """An upper bound of the bytes of `count` inputs' scores, no text echoed: a label's name
+    and score, or an index and score, with their keys."""
+    return count * (96 + 40 * labels) + 512
