@@ -88,8 +88,9 @@ def test_a_thousand_documents_come_back_in_order(server, models):
 
 def test_the_classifier_answers_every_label(server, models):
     texts = ["hello world", "the cat sat on the mat", "a dog"]  # two texts would be one pair
-    want = reference_scores(models["classifier"], texts, activation_fn=__import__("torch").nn.Identity(),
-                            apply_softmax=True)
+    # CrossEncoder.predict takes one text alone, not a list of texts.
+    want = [reference_scores(models["classifier"], text, activation_fn=__import__("torch").nn.Identity(),
+                             apply_softmax=True) for text in texts]
     batch = post(server, "classifier", "predict", {"inputs": texts})
     for row, expected in zip(batch, want):
         assert {item["label"] for item in row} == set(LABELS)
