@@ -28,6 +28,7 @@ from tests.support import REPO
 from tests.support.doc_commands import (DOCS, SHELL_PRELUDE, Call, blocks, calls, fresh_copy, runnable, shell_script,
                                         substitute)
 from tests.support.serving import environment
+from tests.support.rerankers import make_reranker
 from tests.support.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -69,6 +70,7 @@ def served(tmp_path_factory):
     stale = subprocess.run(["make", "-q", ".venv/.installed"], cwd=root).returncode
     assert stale == 0, "the environment is older than setup.cfg or pyproject.toml: run `make serve` first"
     model_dir = make_tiny_model(tmp_path_factory.mktemp("placeholder") / "hf-model-folder")
+    make_reranker("bert", model_dir.parent / "cross-encoder-folder")  # the README's reranker placeholder
     started = subprocess.run(_serve_line(), shell=True, cwd=root, capture_output=True, text=True, timeout=900)
     served = Served(root, model_dir, started.stdout)
     try:

@@ -1,6 +1,6 @@
 """The served OpenAPI document, validated, then fuzzed against the live server with schemathesis.
 
-A real TorchServe serves the tiny model; the document it serves must be valid OpenAPI 3.1 with
+A real TorchServe serves the tiny model and a tiny reranker (its own document: rerank, predict); the document it serves must be valid OpenAPI 3.1 with
 the worker's real values, and schemathesis generates requests for every operation from it, with
 the inference key, positive and negative: every answer must be no 5xx, a status the document
 lists, a body matching its schema, and every 4xx a JSON body naming the field at fault. The
@@ -22,11 +22,13 @@ from openapi_spec_validator import validate
 from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import events
 
+from tests.support.rerankers import make_reranker
 from tests.support.serving import FLOAT32, serving
 
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
+RERANKER = "reranker"
 EXAMPLES = int(os.environ.get("EMBEDSERVE_FUZZ_EXAMPLES", "200"))
 # Statuses that answer no field: the route (404), the method (405), a full work budget (429).
 NOT_ABOUT_A_FIELD = (404, 405, 429)
@@ -42,29 +44,49 @@ LIMITS = ["--set", "max_inputs_per_request=64", "--set", "max_input_chars=6000"]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
-    """The tiny model alone, batching as little as it can: the fuzzer sends one request at a time."""
-    build = [*FLOAT32, "--model", str(tiny_model_dir), "--name", MODEL, "--workers", "1", "--batch-size", "8",
-             "--max-batch-delay", "1", *LIMITS]
-    with serving(tmp_path_factory.mktemp("openapi"), build) as ts:
+    """The tiny model and a tiny reranker, batching as little as they can: the fuzzer sends one
+    request at a time."""
+    reranker = make_reranker("bert", tmp_path_factory.mktemp("openapi-reranker") / "bert")
+    builds = [[*FLOAT32, "--model", str(model), "--name", name, "--workers", "1", "--batch-size", "8",
+               "--max-batch-delay", "1", *LIMITS] for model, name in ((tiny_model_dir, MODEL), (reranker, RERANKER))]
+    with serving(tmp_path_factory.mktemp("openapi"), *builds) as ts:
         yield ts
 
 
-@pytest.fixture(scope="module")
-def document(served):
-    response = requests.get(f"{served.url('inference')}/predictions/{MODEL}/1.0/openapi.json", headers=served.auth(),
+def _document(served, model: str) -> dict:
+    response = requests.get(f"{served.url('inference')}/predictions/{model}/1.0/openapi.json", headers=served.auth(),
                             timeout=30)
     assert response.status_code == 200, response.text
     return response.json()
 
 
 @pytest.fixture(scope="module")
+def document(served):
+    return _document(served, MODEL)
+
+
+@pytest.fixture(scope="module")
+def reranker_document(served):
+    return _document(served, RERANKER)
+
+
+@pytest.fixture(scope="module")
 def pids(served):
-    """The worker's identity before the fuzzer starts; the last test holds it unchanged."""
-    return _identities(served)
+    """The workers' identities before the fuzzer starts; the last tests hold them unchanged."""
+    return {model: _identities(served, model) for model in (MODEL, RERANKER)}
 
 
 @pytest.fixture(scope="module")
 def api_schema(served, document):
+    return _schema(served, document)
+
+
+@pytest.fixture(scope="module")
+def reranker_schema(served, reranker_document):
+    return _schema(served, reranker_document)
+
+
+def _schema(served, document):
     config = SchemathesisConfig.from_dict({
         "base-url": served.url("inference"),
         "headers": served.auth(),
@@ -164,7 +186,18 @@ def test_every_operation_holds_to_the_document(served, api_schema, pids):
     print("\n" + summary(tally, failures, seconds))
     assert not failures, "\n\n".join(dict.fromkeys(failures))  # each distinct failure once
     assert {operation for operation, _ in tally} >= {"POST /predictions/tiny", "GET /predictions/tiny/1.0/openapi.json"}
-    assert _identities(served) == pids  # no worker died or was replaced
+    assert _identities(served, MODEL) == pids[MODEL]  # no worker died or was replaced
+
+
+def test_every_reranker_operation_holds_to_its_document(served, reranker_document, reranker_schema, pids):
+    validate(reranker_document)
+    assert {path.rsplit("/", 1)[-1] for path in reranker_document["paths"]} >= {"rerank", "predict"}
+    tally, failures, seconds = fuzz(reranker_schema)
+    print("\n" + summary(tally, failures, seconds))
+    assert not failures, "\n\n".join(dict.fromkeys(failures))
+    assert {operation for operation, _ in tally} >= {f"POST /predictions/{RERANKER}/1.0/{route}" for route in
+                                                      ("rerank", "predict", "v1/rerank", "v2/rerank")}
+    assert _identities(served, RERANKER) == pids[RERANKER]
 
 
 def summary(tally: Counter, failures: list[str], seconds: float) -> str:
@@ -177,7 +210,7 @@ def summary(tally: Counter, failures: list[str], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _identities(server) -> set[tuple]:
-    [model] = requests.get(f"{server.url('management')}/models/{MODEL}", headers=server.auth("management"),
+def _identities(server, name: str = MODEL) -> set[tuple]:
+    [model] = requests.get(f"{server.url('management')}/models/{name}", headers=server.auth("management"),
                            timeout=30).json()
     return {(worker["pid"], worker["startTime"]) for worker in model["workers"]}

@@ -5,8 +5,8 @@ is a command to run, unless NOT_RUN below names it with the reason. Blocks in an
 (json, properties, mermaid, none) are output or configuration, not commands. A doc's shell blocks
 run in order in one bash session, in the root of a fresh copy of the repository where `make serve`
 has started the server; its python blocks run afterwards. The only changes to their text: the
-loopback ports 8080, 8081 and 8082 become the test server's, and a placeholder model folder
-becomes a small model made offline (SUBSTITUTIONS)."""
+loopback ports 8080, 8081 and 8082 become the test server's, and the placeholder model folders
+(an embedding model's, a cross-encoder's) become small models made offline."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from tests.support import REPO
 RUN_LANGUAGES = {"bash", "sh", "shell", "python"}
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PLACEHOLDER_MODEL = "/path/to/hf-model-folder"
+# A reranker's folder, made offline beside the placeholder model (same parent folder).
+PLACEHOLDER_RERANKER = "/path/to/cross-encoder-folder"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ def substitute(text: str, ports: dict[str, int], model_dir: Path | None = None) 
         text = re.sub(rf"(127\.0\.0\.1|localhost):{documented}\b", rf"\g<1>:{ports[api]}", text)
     if model_dir is not None:
         text = text.replace(PLACEHOLDER_MODEL, str(model_dir))
+        text = text.replace(PLACEHOLDER_RERANKER, str(model_dir.parent / PLACEHOLDER_RERANKER.rsplit("/", 1)[1]))
     return text
 
 

@@ -128,8 +128,6 @@ def _predict_inputs(value: Any) -> tuple[tuple[Pair, ...], bool]:
             inputs.append((check_text(item, f"inputs[{i}]"), None))
         elif isinstance(item, list) and len(item) == 2 and all(isinstance(text, str) for text in item):
             inputs.append((check_text(item[0], f"inputs[{i}][0]"), check_text(item[1], f"inputs[{i}][1]")))
-        elif isinstance(item, list) and len(item) == 1 and isinstance(item[0], str):
-            inputs.append((check_text(item[0], f"inputs[{i}][0]"), None))
         else:
             raise malformed(f"'inputs[{i}]' must be a text or a pair [text, text], got {json_type(item)}"
                             f"{f' of {len(item)} items' if isinstance(item, list) else ''}", param=f"inputs[{i}]")
