@@ -19,6 +19,7 @@ context=$work/context
 start=$(date +%s)
 
 base="${BASE_IMAGE:-}"
+base_built=false
 if [[ -z "$base" ]]; then
   # The public base when it is here or can be pulled; a machine without a registry builds its own.
   if engine image inspect python:3.11-slim-bookworm >/dev/null 2>&1 \
@@ -33,7 +34,6 @@ if [[ -z "$base" ]]; then
     fi
   fi
 fi
-base_built=false
 base_done=$(date +%s)
 
 # The build context: only what the Dockerfile copies, the image's own .mar (one torch thread per
