@@ -90,8 +90,10 @@ def test_ready_within_a_minute_as_uid_1000_on_a_read_only_root(replica_a):
     assert served == (REPO / "deploy" / "container" / "config.properties").read_text()
 
 
-def test_vectors_match_a_make_serve_build(replica_a, server):
-    """The session's TorchServe serves minilm built as ./build_mar.sh builds it by default."""
+def test_vectors_match_a_make_serve_build(replica_a, request):
+    """The session's TorchServe serves minilm built as ./build_mar.sh builds it by default (asked
+    for here: as an argument, that session fixture would start before the image is known to run)."""
+    server = request.getfixturevalue("server")
     ours, theirs = embed(replica_a.url(), TEXTS), embed(server.url("inference"), TEXTS, server.auth())
     similarities = [cosine(a, b) for a, b in zip(ours, theirs)]
     engines = {"image": engine_of(replica_a.url()), "make_serve": engine_of(server.url("inference"), server.auth())}
