@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -63,15 +63,17 @@ def warm_up(url: str, headers: dict[str, str], texts: Sequence[str], token_count
 
 
 def run_load(url: str, headers: dict[str, str], texts: Sequence[str], token_counts: Sequence[int], *,
-             concurrency: int, texts_per_request: int, seconds: float, warmup_seconds: float = 2.0) -> LoadResult:
+             concurrency: int, texts_per_request: int, seconds: float, warmup_seconds: float = 2.0,
+             body: Callable[[list[str]], Any] | None = None) -> LoadResult:
+    """`body`: a request's JSON body from its texts (default: `{"input": texts}`)."""
     host = urlsplit(url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise ValueError(f"load tests target loopback only, not {host}")
     return asyncio.run(_run(url, headers, texts, token_counts, concurrency, texts_per_request, seconds,
-                            warmup_seconds))
+                            warmup_seconds, body or (lambda batch: {"input": batch})))
 
 
-async def _run(url, headers, texts, token_counts, concurrency, per_request, seconds, warmup) -> LoadResult:
+async def _run(url, headers, texts, token_counts, concurrency, per_request, seconds, warmup, body) -> LoadResult:
     # Requests are cut from the corpus in order, round-robin, so every run sees the same mix.
     chunks = itertools.cycle([(list(texts[i : i + per_request]), sum(token_counts[i : i + per_request]))
                               for i in range(0, len(texts) - per_request + 1, per_request)])
@@ -82,7 +84,7 @@ async def _run(url, headers, texts, token_counts, concurrency, per_request, seco
     async def send(session: aiohttp.ClientSession, measured: bool) -> None:
         batch, tokens = next(chunks)
         sent = time.perf_counter()
-        async with session.post(url, json={"input": batch}, headers=headers) as response:
+        async with session.post(url, json=body(batch), headers=headers) as response:
             await response.read()
             status = response.status
         if not measured:

@@ -39,6 +39,26 @@ def test_load_generator_against_the_server(server, tiny_model_dir):
     assert summary["texts_per_s"] > 0 and 0 < summary["p50_ms"] <= summary["p99_ms"]
 
 
+@pytest.mark.integration
+def test_load_generator_builds_each_request_s_body(server, tiny_model_dir):
+    """The rerank benchmark's bodies: one per request, from the request's texts."""
+    texts = [f"text {i}" for i in range(8)]
+    seen = []
+    result = run_load(f"{server.url('inference')}/predictions/tiny/1.0/embed", server.auth(), texts, [2] * 8,
+                      concurrency=2, texts_per_request=4, seconds=0.5, warmup_seconds=0.1,
+                      body=lambda batch: seen.append(tuple(batch)) or {"inputs": batch})
+    assert result.errors == {} and set(seen) == {tuple(texts[:4]), tuple(texts[4:])}
+
+
+def test_rerank_bench_pairs_hold_queries_of_8_to_32_tokens(tiny_model_dir):
+    from bench.rerank import DOCUMENTS_PER_REQUEST, pairs_corpus
+
+    tokenizer = load_tokenizer(tiny_model_dir / "tokenizer.json")
+    queries, documents = pairs_corpus(tiny_model_dir / "tokenizer.json")
+    assert queries and all(8 <= len(tokenizer.encode(q).ids) <= 32 for q in queries)
+    assert {len(docs) for docs in documents} == {DOCUMENTS_PER_REQUEST}
+
+
 def test_planner_bench_compares_least_cost_with_filled_passes(tiny_model_dir):
     from bench.inprocess import bench_planner
     from tests.support.engines import make_engine

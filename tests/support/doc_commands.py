@@ -38,9 +38,10 @@ NOT_RUN = [
     NotRun("README.md", r"(?m)^make serve", "`make serve` is how the test starts its server (it runs that line); "
            "`make test` is the suite this test belongs to"),
     NotRun("docs/models.md", r"BAAI/", "a hub id needs the Hugging Face hub; the default build is `make serve`'s"),
-    NotRun("docs/deployment.md", r"\b(docker|podman|kubectl|helm|aws)\b",
-           "needs a container runtime, a registry, a cluster or cloud storage; the image's own tests run it with "
-           "podman, and tests/integration/test_deploy.py checks the manifests and the entry point offline"),
+    NotRun("docs/deployment.md", r"\b(docker|podman|kubectl|helm|aws)\b|\$P\b|make (test-)?image",
+           "needs a container runtime, a registry, a cluster or cloud storage, or builds the image for minutes; "
+           "tests/integration/test_image.py builds the image with `make image` and runs it with podman, and "
+           "tests/integration/test_deploy.py checks the manifests and the entry point offline"),
     NotRun("docs/gpu.md", r"make bench-gpu|gpu_run\.sh|/tmp/jre",
            "needs a GPU machine, or runs the GPU benchmark for minutes; tests/integration/test_bench_gpu.py and "
            "test_gpu_run.py run its CPU mode"),
