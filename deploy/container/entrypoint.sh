@@ -18,13 +18,22 @@ fi
 "$@" --foreground --ncs &
 launcher=$!
 
+# The config the server runs with: the image's, or the one a command line names (KServe's).
+config="${EMBEDSERVE_CONFIG:-/opt/embedserve/config/config.properties}"
+previous=""
+for arg in "$@"; do
+  case "$arg" in --ts-config=*) config="${arg#--ts-config=}" ;; esac
+  if [[ "$previous" == --ts-config ]]; then config="$arg"; fi
+  previous="$arg"
+done
+
 # Kubernetes stops a container with SIGTERM. `torchserve --stop` closes the connections of
 # requests still queued or in a batch, unanswered: first wait until none is queued (management
 # API) and no worker runs a batch (the handler's busy marks in TMPDIR), seen twice in a row, for
 # at most DRAIN_S (default 25 s; the Deployment's grace period leaves room for it and the stop).
 # Then stop the frontend, which stops its workers and exits; --foreground waits for that.
 drain() {
-  python - "${EMBEDSERVE_CONFIG:-/opt/embedserve/config/config.properties}" "${DRAIN_S:-25}" <<'PY' || true
+  python - "$config" "${DRAIN_S:-25}" <<'PY' || true
 import json, sys, tempfile, time
 from pathlib import Path
 import requests
