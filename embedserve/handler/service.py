@@ -236,7 +236,7 @@ class EmbeddingService:
             if broken:
                 log.error("request %d of the batch: the model gave a non-finite vector for its input %d",
                           index, broken[0])
-                param = f"{job.request.field}[{broken[0]}]"
+                param = job.request.param(broken[0])
                 outcomes[index] = internal_error(f"the model gave a non-finite vector for '{param}', which is never "
                                                  "served; the failure is logged", param=param)
             else:

@@ -8,6 +8,8 @@ Routes, by the path after `/predictions/<model>/<version>/` (TorchServe's `url_p
   "v1/embeddings"  OpenAI embeddings API
   "embed"          TEI /embed
   "tokenize"       TEI /tokenize
+  "similarity"     TEI /similarity: {"inputs": {"source_sentence", "sentences"}} -> cosine of each sentence
+                   to the source
   "info"           TEI /info (any method, any body)
   "openapi.json"   the OpenAPI document of these routes (any method, any body; openapi.py)
   "rerank", "predict", "v1/rerank", "v2/rerank"
@@ -69,6 +71,7 @@ class Route(Enum):
     NATIVE = ""
     OPENAI = "v1/embeddings"
     TEI_EMBED = "embed"
+    TEI_SIMILARITY = "similarity"
     TEI_TOKENIZE = "tokenize"
     TEI_INFO = "info"
     OPENAPI = "openapi.json"
@@ -92,9 +95,10 @@ class Route(Enum):
         return self in (Route.TEI_INFO, Route.OPENAPI)
 
 
-_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK, Route.TEI_PREDICT))
+_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_SIMILARITY, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK,
+                         Route.TEI_PREDICT))
 SCORING_ROUTES = (Route.TEI_RERANK, Route.RERANK_V1, Route.RERANK_V2, Route.TEI_PREDICT)
-EMBEDDING_ROUTES = (Route.NATIVE, Route.OPENAI, Route.TEI_EMBED)
+EMBEDDING_ROUTES = (Route.NATIVE, Route.OPENAI, Route.TEI_EMBED, Route.TEI_SIMILARITY)
 _ROUTES = {route.value: route for route in Route}
 
 
@@ -118,6 +122,12 @@ class EmbeddingRequest:
     options: Options = field(default_factory=Options)
     # The JSON field the inputs came from, to name it in errors ("input" or "inputs").
     field: str = "input"
+
+    def param(self, index: int) -> str:
+        """Input `index`'s place in the body, for errors: /similarity's input 0 is its source."""
+        if self.route is Route.TEI_SIMILARITY:
+            return "inputs.source_sentence" if index == 0 else f"inputs.sentences[{index - 1}]"
+        return f"{self.field}[{index}]"
 
 
 def parse_route(url_path: str | None) -> Route:
@@ -148,11 +158,37 @@ def parse_request(body: Any, content_type: str | None, url_path: str | None,
         name = "inputs" if route.tei else "input"
         if name not in payload:
             raise malformed(f"missing required field '{name}'", param=name)
+        if route is Route.TEI_SIMILARITY:
+            return _similarity_request(payload)
         inputs = _parse_inputs(payload[name], name, allow_token_ids=not route.tei)
         return EmbeddingRequest(route, inputs, _parse_options(payload), field=name)
     except RequestError as err:
         err.tei = route.tei
         raise
+
+
+def _similarity_request(payload: dict[str, Any]) -> EmbeddingRequest:
+    """TEI's /similarity: the source sentence is input 0, the sentences follow. Its answer is
+    cosines, so options that change the vectors' encoding do not apply."""
+    value = payload["inputs"]
+    if not isinstance(value, dict):
+        raise malformed(f"'inputs' must be an object with 'source_sentence' and 'sentences', got {json_type(value)}",
+                        param="inputs")
+    source = value.get("source_sentence")
+    if not isinstance(source, str):
+        raise malformed(f"'inputs.source_sentence' must be a string, got {json_type(source)}",
+                        param="inputs.source_sentence")
+    check_text(source, "inputs.source_sentence")
+    sentences = value.get("sentences")
+    if not isinstance(sentences, list):
+        raise malformed(f"'inputs.sentences' must be a list of strings, got {json_type(sentences)}",
+                        param="inputs.sentences")
+    inputs = (source, *_parse_inputs(sentences, "inputs.sentences", allow_token_ids=False))
+    options = _parse_options(payload)
+    for key in ("output_dtype", "encoding_format"):
+        if getattr(options, key) != OPTION_TYPES[key][1][0]:
+            raise malformed(f"'{key}' does not apply to /similarity, which answers cosines", param=key)
+    return EmbeddingRequest(Route.TEI_SIMILARITY, inputs, options, field="inputs.sentences")
 
 
 def check_method(method: str | None, body: Any, content_type: str | None) -> None:
@@ -347,7 +383,12 @@ def _base64_value_bytes(output_dtype: str, route: Route | None) -> int:
 
 
 def encode_embeddings(request: EmbeddingRequest, vectors: np.ndarray, *, model_name: str, prompt_tokens: int) -> bytes:
-    """(n, d) vectors, already in the requested output dtype, in the route's shape."""
+    """(n, d) vectors, already in the requested output dtype, in the route's shape; /similarity's
+    cosines of each sentence to the source (input 0)."""
+    if request.route is Route.TEI_SIMILARITY:
+        vectors = vectors.astype(np.float64)
+        norms = np.linalg.norm(vectors, axis=1).clip(min=1e-12)
+        return dumps((vectors[1:] @ vectors[0] / norms[1:] / norms[0]).astype(np.float32))
     rows = [_encode_vector(row, request.options.encoding_format, request.route) for row in vectors]
     if request.route.tei:
         return dumps(rows)

@@ -123,7 +123,8 @@ def openapi_document(model: ServedModel) -> dict[str, Any]:
 def _embedding_paths(model: ServedModel, base: str, versioned: str) -> dict[str, Any]:
     return {base: {"post": _native(model)},
             f"{versioned}/{Route.OPENAI.value}": {"post": _openai(model)},
-            f"{versioned}/{Route.TEI_EMBED.value}": {"post": _tei_embed(model)}}
+            f"{versioned}/{Route.TEI_EMBED.value}": {"post": _tei_embed(model)},
+            f"{versioned}/{Route.TEI_SIMILARITY.value}": {"post": _tei_similarity(model)}}
 
 
 def _scoring_paths(model: ServedModel, versioned: str) -> dict[str, Any]:
@@ -177,6 +178,16 @@ def _tei_embed(model: ServedModel) -> dict[str, Any]:
         {"application/json": {"schema": _ref("TEIEmbedRequest"), "examples": _examples({"texts": example})}},
         {"schema": _ref("TEIEmbeddings"), "example": [[0.0213, -0.0452, 0.0088]]},
         _error_responses(EMBED_ERRORS, Route.TEI_EMBED, model=model))
+
+
+def _tei_similarity(model: ServedModel) -> dict[str, Any]:
+    example = {"inputs": {"source_sentence": "a cat", "sentences": ["a kitten", "a car"]}}
+    return _operation(
+        "teiSimilarity", "Cosine of each sentence's embedding to the source sentence's, TEI's /similarity",
+        {"application/json": {"schema": _ref("SimilarityRequest"), "examples": _examples({"sentences": example})}},
+        {"schema": {"type": "array", "items": {"type": "number", "minimum": -1.0001, "maximum": 1.0001}},
+         "example": [0.77, 0.35]},
+        _error_responses(EMBED_ERRORS, Route.TEI_SIMILARITY, model=model))
 
 
 def _tokenize(model: ServedModel) -> dict[str, Any]:
@@ -332,6 +343,16 @@ def _schemas(model: ServedModel) -> dict[str, Any]:
         "TEIEmbedRequest": {
             "type": "object", "required": ["inputs"],
             "properties": {"inputs": _ref("TEIInputs"), **{key: options[key] for key in EMBED_OPTIONS}}},
+        "SimilarityRequest": {
+            "type": "object", "required": ["inputs"],
+            "properties": {
+                "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
+                    "source_sentence": _ref("Text"),
+                    "sentences": {**many, "maxItems": settings.max_inputs_per_request - 1, "items": _ref("Text")}}},
+                **{key: options[key] for key in EMBED_OPTIONS if key not in ("output_dtype", "encoding_format")},
+                **{key: {"enum": [OPTION_TYPES[key][1][0], None], "description": "only the default: the answer is "
+                                                                                 "cosines"}
+                   for key in ("output_dtype", "encoding_format")}}},
         "TokenizeRequest": {
             "type": "object", "required": ["inputs"],
             "properties": {"inputs": _ref("TEIInputs"), **{key: options[key] for key in TOKENIZE_OPTIONS}},

@@ -85,8 +85,8 @@ def encode(job: Job, vectors: torch.Tensor, model_name: str) -> bytes:
 
 def does_not_fit(job: Job, item: int) -> RequestError:
     return out_of_memory(
-        f"'{job.request.field}[{item}]' ({len(job.ids[item])} tokens) does not fit in memory even alone; "
-        "send it shorter or lower max_length", param=f"{job.request.field}[{item}]")
+        f"'{job.request.param(item)}' ({len(job.ids[item])} tokens) does not fit in memory even alone; "
+        "send it shorter or lower max_length", param=job.request.param(item))
 
 
 def error_body(err: RequestError, route: Route) -> tuple[int, bytes]:

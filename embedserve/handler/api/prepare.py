@@ -141,9 +141,9 @@ class RequestPreparer:
         for i, item in enumerate(assembled):
             if not truncate and item.full_length > self.max_length:
                 raise too_large(
-                    f"'{request.field}[{i}]' has {item.full_length} tokens; the limit is {self.max_length} "
+                    f"'{request.param(i)}' has {item.full_length} tokens; the limit is {self.max_length} "
                     "and truncation is off (send \"truncate\": true to cut it)",
-                    param=f"{request.field}[{i}]")
+                    param=request.param(i))
         self._check_tokens(sum(len(item.ids) for item in assembled), request.field, budget)
         return Job(request, [item.ids for item in assembled], checked.normalize, prompt.unpooled)
 
@@ -206,8 +206,8 @@ class RequestPreparer:
         limit = self.settings.max_input_chars
         for i, item in enumerate(request.inputs):
             if isinstance(item, str) and len(item) > limit:
-                raise too_large(f"'{request.field}[{i}]' has {len(item)} characters; the limit is "
-                                f"max_input_chars={limit}", param=f"{request.field}[{i}]")
+                raise too_large(f"'{request.param(i)}' has {len(item)} characters; the limit is "
+                                f"max_input_chars={limit}", param=request.param(i))
 
     def _check_options(self, request: EmbeddingRequest, normalize: bool) -> None:
         options = request.options

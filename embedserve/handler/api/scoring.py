@@ -46,6 +46,10 @@ class ScoringRequest:
     truncation_direction: str = "right"
     batch: bool = True  # /predict: whether the answer is one list per input
 
+    def param(self, index: int) -> str:
+        """Input `index`'s place in the body, for errors."""
+        return f"{self.field}[{index}]"
+
     @property
     def documents(self) -> list[str]:
         """The texts a rerank answer may return, by index."""

@@ -160,3 +160,24 @@ def test_the_cache_keys_scores_by_the_pair_s_token_types(rerankers):
     body = {"query": "hello", "texts": ["world", "cat"]}
     first, second = call(svc, "rerank", body), call(svc, "rerank", body)
     assert first == second and len(cache.memory) == 2
+
+
+def test_similarity_is_the_cosine_of_sentence_transformers_embeddings(tiny_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    svc = service(tiny_model_dir)
+    source, sentences = "the cat sat", ["a cat sat on the mat", "dogs", "the cat sat"]
+    status, answer = call(svc, "similarity", {"inputs": {"source_sentence": source, "sentences": sentences}})
+    vectors = SentenceTransformer(str(tiny_model_dir), device="cpu").encode([source, *sentences],
+                                                                            normalize_embeddings=True)
+    assert status == 200 and np.abs(np.array(answer) - vectors[1:] @ vectors[0]).max() < 1e-5
+    status, answer = call(svc, "similarity", {"inputs": {"source_sentence": source, "sentences": ["a " * 400]},
+                                              "truncate": False})
+    assert status == 413 and "'inputs.sentences[0]'" in answer["error"]
+    for body, field in (({"inputs": {"sentences": ["a"]}}, "inputs.source_sentence"),
+                        ({"inputs": {"source_sentence": "a", "sentences": ["b", 3]}}, "inputs.sentences[1]"),
+                        ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "output_dtype": "int8"},
+                         "output_dtype"),
+                        ({"inputs": ["a", "b"]}, "inputs")):
+        status, answer = call(svc, "similarity", body)
+        assert status == 400 and f"'{field}'" in answer["error"], (body, answer)
