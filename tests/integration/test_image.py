@@ -147,11 +147,13 @@ def test_one_of_two_replicas_killed_behind_nginx(replica_a, tmp_path, retry):
 
 def test_sigterm_under_load_answers_every_request_in_flight(replica_a):
     """As Kubernetes stops a pod: the endpoint leaves the Service (the preStop sleep covers that)
-    and the container gets SIGTERM; what was sent before it must be answered."""
-    expected = embed(replica_a.url(), TEXTS)
+    and the container gets SIGTERM; what was sent before it must be answered. Each request holds
+    16 long texts (seconds of work), so requests are still queued or in a batch when the signal
+    lands: without the entry point's drain (DRAIN_S=0) every one of them was lost."""
+    expected = embed(replica_a.url(), TEXTS[-1:])
     grace_s = pod_spec()["terminationGracePeriodSeconds"]
-    with Load(replica_a.url(), TEXTS, expected, clients=8) as load:
-        time.sleep(5)
+    with Load(replica_a.url(), TEXTS[-1:], expected, clients=8, copies=16) as load:
+        time.sleep(8)
         in_flight = load.stop_sending()
         sent_at = time.monotonic()
         run_engine("kill", "--signal", "TERM", replica_a.name)
