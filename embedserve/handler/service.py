@@ -147,7 +147,7 @@ class EmbeddingService:
         return self.handle_with_report(raw_requests)[0]
 
     def handle_with_report(self, raw_requests: Sequence[RawRequest]) -> tuple[list[Response], BatchReport]:
-        report = BatchReport(requests=len(raw_requests), cache_enabled=self.cache is not None)
+        report = BatchReport(requests=len(raw_requests), cache_enabled=self.cache is not None, task=self.task)
         clock = time.perf_counter()
         bodies: list[tuple[int, bytes] | None] = [None] * len(raw_requests)
         checked: dict[int, Checked] = {}

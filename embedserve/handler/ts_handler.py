@@ -99,10 +99,10 @@ class EmbeddingHandler:
             except Exception as err:  # the service answers per request; this is the last line, never TorchServe's 503
                 log_failure("the batch (every request of it is answered 500)", err)
                 responses = self.service.failed(raw)
-                report = BatchReport(requests=len(raw), statuses={500: len(raw)})
+                report = BatchReport(requests=len(raw), statuses={500: len(raw)}, task=self.service.task)
         if self.device_failure is not None:
             responses = self.service.unavailable(raw, self.device_failure)
-            report = BatchReport(requests=len(raw), statuses={503: len(raw)})
+            report = BatchReport(requests=len(raw), statuses={503: len(raw)}, task=self.service.task)
         self.context = context
         self.metrics.add(report)
         self._reply(responses, context)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import requests
 
+from tests.support.client import metric_growth, metric_samples, metric_samples_after
 from tests.support.fuzz import workers
 from tests.support.rerankers import LABELS, PAIRS, RERANKERS, make_reranker, reference_scores
 from tests.support.serving import serving
@@ -161,3 +162,12 @@ def test_each_task_refuses_the_other_s_routes(server):
     assert "rerank" in str(answer)
     answer = post(server, "classifier", "rerank", {"query": "q", "texts": ["a"]}, status=404)
     assert "predict" in str(answer)
+
+
+def test_metrics_count_pairs_under_their_task(server):
+    before = metric_samples(server, "xlmr")
+    post(server, "xlmr", "rerank", {"query": "hello", "texts": ["world", "the cat", "a dog"]})
+    post(server, "xlmr", "predict", {"inputs": ["hello", "world"]})
+    after = metric_samples_after(server, before, requests=2, model="xlmr")
+    assert metric_growth(before, after, "EmbedInputs", 'Task="rerank"') == 4
+    assert metric_growth(before, after, "EmbedRequests") == 2

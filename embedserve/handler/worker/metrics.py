@@ -40,6 +40,7 @@ class BatchReport:
     """What one TorchServe batch cost, filled in by the service."""
     requests: int = 0
     inputs: int = 0
+    task: str = "embed"  # what the inputs were: embed (texts), rerank (pairs) or classify
     forward_passes: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
@@ -55,7 +56,8 @@ class BatchReport:
 
 BATCHES = MetricSpec("EmbedBatches", "count", "TorchServe batches handled")
 REQUESTS = MetricSpec("EmbedRequests", "count", "requests handled")
-INPUTS = MetricSpec("EmbedInputs", "count", "inputs (texts or token lists) embedded")
+INPUTS = MetricSpec("EmbedInputs", "count", "inputs embedded (texts, token lists) or scored (pairs, texts), by task "
+                    "(embed, rerank, classify)", ("Task",))
 PASSES = MetricSpec("EmbedForwardPasses", "count", "forward passes run")
 REAL_TOKENS = MetricSpec("EmbedRealTokens", "count", "tokens of the inputs")
 PADDED_TOKENS = MetricSpec("EmbedPaddedTokens", "count", "tokens computed, padding included")
@@ -80,7 +82,7 @@ def measurements(report: BatchReport) -> list[Row]:
     rows = [
         (BATCHES, 1, ()),
         (REQUESTS, report.requests, ()),
-        (INPUTS, report.inputs, ()),
+        (INPUTS, report.inputs, (report.task,)),
         (PASSES, report.forward_passes, ()),
         (REAL_TOKENS, report.real_tokens, ()),
         (PADDED_TOKENS, report.padded_tokens, ()),
