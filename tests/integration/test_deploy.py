@@ -467,7 +467,7 @@ def test_dockerfile_passes_hadolint():
 
 def test_hadolint_rejects_a_careless_dockerfile(tmp_path):
     careless = tmp_path / "Dockerfile"
-    careless.write_text(DOCKERFILE.read_text().replace("FROM python:3.11-slim-bookworm", "FROM python:latest")
+    careless.write_text(DOCKERFILE.read_text().replace("FROM ${BASE_IMAGE}", "FROM python:latest")
                         + "RUN cd /tmp && pip install requests\n")
     result = hadolint(careless)
     assert result.returncode != 0

@@ -37,6 +37,9 @@ class NotRun:
 NOT_RUN = [
     NotRun("README.md", r"(?m)^make serve", "`make serve` is how the test starts its server (it runs that line); "
            "`make test` is the suite this test belongs to"),
+    NotRun("README.md", r"make (test-)?image",
+           "builds the container image for minutes; .ci/run runs `make image`, and tests/integration/test_image.py "
+           "runs the image as `make test-image` does"),
     NotRun("docs/models.md", r"BAAI/", "a hub id needs the Hugging Face hub; the default build is `make serve`'s"),
     NotRun("docs/deployment.md", r"\b(docker|podman|kubectl|helm|aws)\b|\$P\b|make (test-)?image",
            "needs a container runtime, a registry, a cluster or cloud storage, or builds the image for minutes; "
