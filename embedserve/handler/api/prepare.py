@@ -167,9 +167,11 @@ class RequestPreparer:
         if len(request.inputs) > settings.max_inputs_per_request:
             raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
                             f"max_inputs_per_request={settings.max_inputs_per_request}", param=request.field)
+        predict = request.route is Route.TEI_PREDICT
         for i, (first, second) in enumerate(request.inputs):
-            for text, param in ((first, "query" if request.route is not Route.TEI_PREDICT else f"inputs[{i}]"),
-                                (second, f"{request.field}[{i}]")):
+            names = ((f"inputs[{i}][0]", f"inputs[{i}][1]") if second is not None else (f"inputs[{i}]", None)) \
+                if predict else ("query", request.param(i))
+            for text, param in zip((first, second), names):
                 if text is not None and len(text) > settings.max_input_chars:
                     raise too_large(f"'{param}' has {len(text)} characters; the limit is "
                                     f"max_input_chars={settings.max_input_chars}", param=param)
@@ -183,9 +185,10 @@ class RequestPreparer:
         truncate = settings.truncate if request.truncate is None else request.truncate
         for i, item in enumerate(tokenized):
             if not truncate and item.full_length > self.max_length:
-                raise too_large(f"'{request.field}[{i}]' has {item.full_length} tokens with its query; the limit is "
+                with_query = "" if predict else " with its query"
+                raise too_large(f"'{request.param(i)}' has {item.full_length} tokens{with_query}; the limit is "
                                 f"{self.max_length} and truncation is off (send \"truncate\": true to cut it)",
-                                param=f"{request.field}[{i}]")
+                                param=request.param(i))
         self._check_tokens(sum(len(item.ids) for item in tokenized), request.field, budget)
         seconds = [item.second for item in tokenized]
         return Job(request, [item.ids for item in tokenized], normalize=False,

@@ -119,6 +119,10 @@ def test_truncation_off_refuses_a_long_pair_alone(rerankers):
     responses = svc.handle([RawRequest(json.dumps(body).encode(), "application/json", "rerank") for body in bodies])
     assert [r.status for r in responses] == [413, 200]
     assert "texts[1]" in json.loads(responses[0].body)["error"]
+    status, answer = call(svc, "predict", {"inputs": [["q", "a"], ["q", long]], "truncate": False})
+    assert status == 413 and answer["error"].startswith("'inputs[1]' has")
+    status, answer = call(service(rerankers["bert"], max_input_chars=50), "predict", {"inputs": [["q", "a" * 60]]})
+    assert status == 413 and "'inputs[0][1]'" in answer["error"]
 
 
 @pytest.mark.parametrize("route, body, field", [
