@@ -95,6 +95,10 @@ class TorchServe:
     def auth(self, api: str = "inference") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys()[api]}"}
 
+    def auth_if_on(self, api: str = "inference") -> dict[str, str]:
+        """The key's header where TorchServe wrote a key file (token authorization on), else none."""
+        return self.auth(api) if (self.workdir / "key_file.json").is_file() else {}
+
     def start(self) -> None:
         if self.pid() is not None:
             raise ServerError(f"a server is already running from {self.workdir} (pid {self.pid()}); stop it first")
@@ -156,7 +160,7 @@ class TorchServe:
         finite scores); otherwise why not. The inference key is sent when TorchServe wrote a key
         file (token authorization on)."""
         try:
-            headers = self.auth() if (self.workdir / "key_file.json").is_file() else {}
+            headers = self.auth_if_on()
             response = requests.post(f"{self.client_url('inference')}/predictions/{model}",
                                      json={"input": [READINESS_TEXT]}, headers=headers, timeout=timeout)
         except requests.RequestException as err:
@@ -238,8 +242,8 @@ class TorchServe:
         pending = 0
         for name in self.models:
             try:
-                described = requests.get(f"{self.url('management')}/models/{name}", headers=self.auth("management"),
-                                         timeout=10).json()
+                described = requests.get(f"{self.url('management')}/models/{name}",
+                                         headers=self.auth_if_on("management"), timeout=10).json()
             except (requests.RequestException, OSError, ValueError, KeyError):
                 return 0
             pending += sum(int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0)) for entry in described
