@@ -81,29 +81,19 @@ def _compare_scores(engine, model_dir: Path) -> str:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     import torch
 
-    inputs = [list(pair) for pair in PAIRS] + list(TEXTS)
+    inputs = [*PAIRS, *TEXTS]  # pairs go out as JSON lists, [query, document]
     # /predict answers the softmax of a classifier's logits, as TEI does; one label, its activation.
     options = dict(activation_fn=torch.nn.Identity(), apply_softmax=True) if len(engine.scoring.labels) > 1 else {}
-    want = np.asarray(reference.predict([tuple(item) if isinstance(item, list) else item for item in inputs],
-                                        **options), dtype=np.float64).reshape(len(inputs), -1)
-    [response] = engine.handle([_raw({"inputs": inputs}, "predict")])
-    if response.status != 200:
-        raise SmokeError(f"the smoke request failed with {response.status}: {response.body.decode()}")
+    want = np.asarray(reference.predict(inputs, **options), dtype=np.float64).reshape(len(inputs), -1)
     labels = engine.scoring.labels
     got = np.array([[dict((item["label"], item["score"]) for item in row)[label] for label in labels]
-                    for row in json.loads(response.body)])
+                    for row in _answer(engine, {"inputs": inputs}, "predict")])
     worst = float(np.abs(got - want).max())
     line = f"sentence-transformers CrossEncoder: max score difference {worst:.1e} over {got.size} scores"
     if not worst <= MAX_SCORE_DIFFERENCE:
         raise SmokeError(f"the served scores differ from CrossEncoder.predict's by {worst:.1e} (> "
                          f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
     return line
-
-
-def _raw(body: dict[str, Any], route: str):
-    from embedserve.handler.service import RawRequest
-
-    return RawRequest(json.dumps(body).encode(), "application/json", route)
 
 
 def _compare(engine, model_dir: Path, int8: bool) -> str:
@@ -130,10 +120,15 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
 
 
 def _served(engine, body: dict[str, Any]) -> np.ndarray:
-    """What the engine answers a client, through the whole request path."""
+    """The vectors the engine answers a client, through the whole request path."""
+    return np.array([row["embedding"] for row in _answer(engine, body)["data"]])
+
+
+def _answer(engine, body: dict[str, Any], route: str = "") -> Any:
+    """The engine's JSON answer to `body` on `route`, through the whole request path."""
     from embedserve.handler.service import RawRequest
 
-    [response] = engine.handle([RawRequest(json.dumps(body).encode(), "application/json", "")])
+    [response] = engine.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
     if response.status != 200:
         raise SmokeError(f"the smoke request failed with {response.status}: {response.body.decode()}")
-    return np.array([row["embedding"] for row in json.loads(response.body)["data"]])
+    return json.loads(response.body)

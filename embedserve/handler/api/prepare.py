@@ -164,9 +164,7 @@ class RequestPreparer:
         pair, or text, as one model input, truncated as sentence-transformers' CrossEncoder
         truncates it; the same limits as embeddings, documents counting as inputs."""
         settings = self.settings
-        if len(request.inputs) > settings.max_inputs_per_request:
-            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
-                            f"max_inputs_per_request={settings.max_inputs_per_request}", param=request.field)
+        self._check_count(request)
         predict = request.route is Route.TEI_PREDICT
         for i, (first, second) in enumerate(request.inputs):
             names = ((f"inputs[{i}][0]", f"inputs[{i}][1]") if second is not None else (f"inputs[{i}]", None)) \
@@ -203,14 +201,17 @@ class RequestPreparer:
 
     def _check_limits(self, request: EmbeddingRequest) -> None:
         """Input count and characters per text, both before any tokenizing."""
-        if len(request.inputs) > self.settings.max_inputs_per_request:
-            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
-                            f"max_inputs_per_request={self.settings.max_inputs_per_request}", param=request.field)
+        self._check_count(request)
         limit = self.settings.max_input_chars
         for i, item in enumerate(request.inputs):
             if isinstance(item, str) and len(item) > limit:
                 raise too_large(f"'{request.param(i)}' has {len(item)} characters; the limit is "
                                 f"max_input_chars={limit}", param=request.param(i))
+
+    def _check_count(self, request: EmbeddingRequest | ScoringRequest) -> None:
+        if len(request.inputs) > self.settings.max_inputs_per_request:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
+                            f"max_inputs_per_request={self.settings.max_inputs_per_request}", param=request.field)
 
     def _check_options(self, request: EmbeddingRequest, normalize: bool) -> None:
         options = request.options

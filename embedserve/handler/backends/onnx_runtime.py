@@ -67,12 +67,18 @@ class OnnxTransformer:
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         session = for_threads(self.sessions, torch.get_num_threads())  # lending sets torch's count
-        feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
-                "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
-        if token_type_ids is not None:  # exported only for a scoring model that takes them
-            feed["token_type_ids"] = np.ascontiguousarray(token_type_ids.numpy(), dtype=np.int64)
         # The one output: last hidden states, or a scoring model's logits.
-        return torch.from_numpy(session.run(None, feed)[0])
+        return torch.from_numpy(session.run(None, graph_feed(input_ids, attention_mask, token_type_ids))[0])
+
+
+def graph_feed(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None) -> dict[str, np.ndarray]:
+    """The exported graph's inputs by name, as both runtimes that run it take them: int64 arrays;
+    token types only where given (exported only for a scoring model that takes them)."""
+    feed = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None:
+        feed["token_type_ids"] = token_type_ids
+    return {name: np.ascontiguousarray(tensor.numpy(), dtype=np.int64) for name, tensor in feed.items()}
 
 
 def load_session(path: Path, options: onnxruntime.SessionOptions) -> onnxruntime.InferenceSession:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embedserve.handler.backends.onnx_runtime import graph_feed
 from embedserve.handler.worker.cpu_lending import for_threads
 
 PRECISIONS = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -67,10 +68,6 @@ class OpenVinoTransformer:
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         request = for_threads(self.requests, torch.get_num_threads())  # lending sets torch's count
-        feed = {"input_ids": np.ascontiguousarray(input_ids.numpy(), dtype=np.int64),
-                "attention_mask": np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)}
-        if token_type_ids is not None:  # exported only for a scoring model that takes them
-            feed["token_type_ids"] = np.ascontiguousarray(token_type_ids.numpy(), dtype=np.int64)
-        outputs = request.infer(feed)
+        outputs = request.infer(graph_feed(input_ids, attention_mask, token_type_ids))
         # The request's output buffer is reused by its next pass: copy it out.
         return torch.from_numpy(np.array(outputs[0], dtype=np.float32, copy=True))

@@ -136,9 +136,9 @@ class TextTokenizer:
         long = [i for i, encoding in enumerate(full) if len(encoding.ids) > max_length]
         cut = dict(zip(long, self._truncating(max_length, direction).encode_batch([pairs[i] for i in long],
                                                                                  add_special_tokens=True)))
-        return [Tokenized(cut.get(i, encoding).ids, len(encoding.ids),
-                          _second_segment(cut.get(i, encoding).type_ids) if self.token_types else 0)
-                for i, encoding in enumerate(full)]
+        served = [cut.get(i, encoding) for i, encoding in enumerate(full)]
+        return [Tokenized(used.ids, len(encoding.ids), _second_segment(used.type_ids) if self.token_types else 0)
+                for used, encoding in zip(served, full)]
 
     def _truncating(self, max_length: int, direction: str) -> Tokenizer:
         """A copy that truncates pairs longest-first to max_length, kept per length and side."""
