@@ -114,8 +114,9 @@ def build(args: argparse.Namespace) -> Path:
         if scoring and args.dtype == "int8":
             raise BuildError(f"--dtype int8 is calibrated on embeddings; this model is a {scoring.task} model")
         if serves_onnx(config["handler"]):
-            outcome = export_onnx(stage / "model", description.usable_positions, scoring=scoring is not None,
-                                  segments=bool(scoring and scoring.segments))
+            # A causal reranker exports its transformer's states, as an embedding model: its score is a head after.
+            outcome = export_onnx(stage / "model", description.usable_positions,
+                                  scoring=bool(scoring and scoring.own_head), segments=bool(scoring and scoring.segments))
             print(f"ONNX Runtime (the CPU engine): {outcome}", file=sys.stderr)
             if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")

@@ -24,12 +24,16 @@ PAIRS = (
     ("fox", "Embeddings map text to vectors; similar meanings land close together. " * 80),  # cut longest first
     ("¿Dónde está la biblioteca? " * 40, "la biblioteca"),
 )
+INSTRUCTION = "Given a question, retrieve passages that answer it"
 TEXTS = (
     "The quick brown fox jumps over the lazy dog.",
     "a",
     "Embeddings map text to vectors; similar meanings land close together. " * 80,  # past most limits
     "¿Dónde está la biblioteca? 東京は日本の首都です。",
 )
+
+
+OWN_HEAD = "none (the model's own head)"
 
 
 class SmokeError(RuntimeError):
@@ -50,7 +54,7 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     lines = [
         f"architecture: {info['architecture']} (engine: {info['engine']})",
         f"pipeline: {' -> '.join(info['modules'])}",
-        f"pooling: {info['pooling'] or 'none (the model''s own head)'}",
+        f"pooling: {info['pooling'] or OWN_HEAD}",
         f"prompts: {prompts}; default: {preparer.default_prompt!r}",
         f"max length: {preparer.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
@@ -71,7 +75,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
 
 def _compare_scores(engine, model_dir: Path) -> str:
     """The served scores (/predict: each label's, through the activation) against
-    CrossEncoder.predict with the same activation, on pairs and on single texts."""
+    CrossEncoder.predict with the same activation, on pairs and on single texts; a causal
+    reranker's on pairs (its template renders pairs), also with an instruction (v1/rerank)."""
     from sentence_transformers import CrossEncoder
 
     try:
@@ -81,13 +86,20 @@ def _compare_scores(engine, model_dir: Path) -> str:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     import torch
 
-    inputs = [*PAIRS, *TEXTS]  # pairs go out as JSON lists, [query, document]
+    causal = engine.scoring.chat is not None
+    inputs = [*PAIRS] if causal else [*PAIRS, *TEXTS]  # pairs go out as JSON lists, [query, document]
     # /predict answers the softmax of a classifier's logits, as TEI does; one label, its activation.
     options = dict(activation_fn=torch.nn.Identity(), apply_softmax=True) if len(engine.scoring.labels) > 1 else {}
     want = np.asarray(reference.predict(inputs, **options), dtype=np.float64).reshape(len(inputs), -1)
     labels = engine.scoring.labels
     got = np.array([[dict((item["label"], item["score"]) for item in row)[label] for label in labels]
                     for row in _answer(engine, {"inputs": inputs}, "predict")])
+    if causal:  # the instruction rides in the chat template's system message
+        query, documents = PAIRS[0][0], [document for _, document in PAIRS]
+        want = np.concatenate([want.ravel(), reference.predict([(query, d) for d in documents], prompt=INSTRUCTION)])
+        ranked = _answer(engine, {"query": query, "documents": documents, "instruction": INSTRUCTION}, "v1/rerank")
+        by_index = {item["index"]: item["relevance_score"] for item in ranked["results"]}
+        got = np.concatenate([got.ravel(), [by_index[i] for i in range(len(documents))]])
     worst = float(np.abs(got - want).max())
     line = f"sentence-transformers CrossEncoder: max score difference {worst:.1e} over {got.size} scores"
     if not worst <= MAX_SCORE_DIFFERENCE:

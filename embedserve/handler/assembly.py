@@ -24,6 +24,7 @@ from embedserve.handler.execution.encoder import Encoder
 from embedserve.handler.execution.faults import FaultInjectingBackend, FaultInjection
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
+from embedserve.handler.model.chat_pairs import ChatPairTokenizer
 from embedserve.handler.model.files import ModelDescription, describe_model, resolve_max_length
 from embedserve.handler.model.tokenization import TextTokenizer, set_parallelism
 from embedserve.handler.scheduling.admission import WORK_SHARE, work_budget
@@ -97,9 +98,11 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     dtype += f":{runs['layout']}"
     cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
                        identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(description.modules)}")
+    scoring = description.scoring
+    chat_pairs = ChatPairTokenizer(model_dir, scoring.chat) if scoring and scoring.chat else None
     preparer = RequestPreparer(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                                max_length=max_length, prompts=description.prompts, default_prompt=default_prompt,
-                               include_prompt=encoder.pooling.include_prompt)
+                               include_prompt=encoder.pooling.include_prompt, chat_pairs=chat_pairs)
     return EmbeddingService(preparer, encoder, settings, model_name=model_name, cache=cache,
                             info=partial(info, description=description), scoring=description.scoring)
 
@@ -159,7 +162,7 @@ def info(service: EmbeddingService, description: ModelDescription) -> dict[str, 
         "embedding_dimension": encoder.dimension,
         "max_input_length": preparer.max_length,
         "architecture": description.model_type,
-        "pooling": encoder.pooling.name if service.scoring is None else None,
+        "pooling": encoder.pooling.name if service.scoring is None or not service.scoring.own_head else None,
         "modules": description.modules,
         "normalize": settings.normalize,
         "auto_truncate": settings.truncate,

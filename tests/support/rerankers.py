@@ -8,6 +8,10 @@ way sentence-transformers 6 saves a CrossEncoder.
                 bge-reranker-v2-m3 shape (positions offset by 2)
     classifier  BERT, three labels with names, Identity: a multi-label classifier
     bert_hf     the BERT cross-encoder as a plain Hugging Face folder, no sentence-transformers files
+    qwen3       Qwen3 causal language model reranker: pairs rendered by a chat template of the
+                Qwen3-Reranker shape (system prompt, <Instruct>, <Query>, <Document>, the assistant's
+                empty thinking), scored by LogitScore as logit("yes") - logit("no"), Sigmoid;
+                160 tokens at most, so long pairs are cut and get the template's tail back
 """
 
 from __future__ import annotations
@@ -17,13 +21,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tokenizers import processors
-from transformers import BertConfig, BertForSequenceClassification, XLMRobertaConfig, \
-    XLMRobertaForSequenceClassification
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast, Qwen3Config, \
+    Qwen3ForCausalLM, XLMRobertaConfig, XLMRobertaForSequenceClassification
 
-from tests.support.model_families import HIDDEN, _save_tokenizer, _wordpiece, _xlmr_tokenizer
+from tests.support.model_families import HIDDEN, _save_tokenizer, _wordpiece, _xlmr_tokenizer, corpus
 
-RERANKERS = ("bert", "xlmr", "classifier", "bert_hf")
+RERANKERS = ("bert", "xlmr", "classifier", "bert_hf", "qwen3")
+# Qwen3-Reranker's shape of template: an instruction (the "system" message, else a default), the
+# query and the document, then the assistant's turn with an empty thinking block.
+QWEN_RERANK_TEMPLATE = (
+    '{%- set system = messages | selectattr("role", "eq", "system") | map(attribute="content") | first -%}'
+    '{%- set query = messages | selectattr("role", "eq", "query") | map(attribute="content") | first -%}'
+    '{%- set document = messages | selectattr("role", "eq", "document") | map(attribute="content") | first -%}'
+    '<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+    '<Instruct>: {{ system or "Given a web search query, retrieve relevant passages that answer the query" }}\n'
+    '<Query>: {{ query }}\n<Document>: {{ document }}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n')
 LABELS = ("negative", "neutral", "positive")
 
 
@@ -36,6 +50,23 @@ def _bert_pair_tokenizer(path: Path, max_length: int):
     return _save_tokenizer(tokenizer, path, max_length, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
                            sep_token="[SEP]", mask_token="[MASK]",
                            model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+
+
+def _qwen_chat_tokenizer(path: Path, max_length: int):
+    """Qwen's byte-level BPE with the chat tokens, "yes" and "no" whole tokens (LogitScore's), and
+    the reranker's chat template; left padding, as sentence-transformers pads a causal model."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus() + ["yes", "no"] * 50, trainers.BpeTrainer(
+        vocab_size=500, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=max_length, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", padding_side="left",
+                                   additional_special_tokens=specials[1:])
+    fast.chat_template = QWEN_RERANK_TEMPLATE
+    fast.save_pretrained(path)
+    return fast
 
 
 def make_reranker(family: str, path: Path, *, seed: int = 0) -> Path:
@@ -54,6 +85,12 @@ def make_reranker(family: str, path: Path, *, seed: int = 0) -> Path:
             if family == "classifier" else {"num_labels": 1}
         model = BertForSequenceClassification(BertConfig(vocab_size=len(tokenizer), max_position_embeddings=128,
                                                          **labels, **small))
+    elif family == "qwen3":
+        tokenizer = _qwen_chat_tokenizer(raw, 160)
+        model = Qwen3ForCausalLM(Qwen3Config(
+            vocab_size=len(tokenizer), num_key_value_heads=2, head_dim=8, max_position_embeddings=192,
+            bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, **small))
     elif family == "xlmr":
         tokenizer = _xlmr_tokenizer(raw, 64)
         model = XLMRobertaForSequenceClassification(XLMRobertaConfig(
@@ -62,7 +99,7 @@ def make_reranker(family: str, path: Path, *, seed: int = 0) -> Path:
     else:
         raise ValueError(f"unknown reranker family {family}; known: {', '.join(RERANKERS)}")
     with torch.no_grad():  # a spread of scores: random heads start near zero
-        for parameter in model.classifier.parameters():
+        for parameter in (model.classifier if family != "qwen3" else model.lm_head).parameters():
             parameter.mul_(40)
     model.eval().save_pretrained(raw)
     if family == "bert_hf":

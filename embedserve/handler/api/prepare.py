@@ -15,7 +15,8 @@ from embedserve.handler.api.codec import EmbeddingRequest, Route, max_answer_byt
 from embedserve.handler.api.errors import RequestError, internal_error, too_large, unprocessable
 from embedserve.handler.api.quantize import SCALAR_DTYPES
 from embedserve.handler.api.scoring import ScoringRequest, max_scoring_answer_bytes
-from embedserve.handler.model.tokenization import TextTokenizer
+from embedserve.handler.model.chat_pairs import ChatPairTokenizer
+from embedserve.handler.model.tokenization import TextTokenizer, Tokenized
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
 from embedserve.handler.settings import Settings
 from embedserve.handler.worker.failures import log_failure
@@ -54,9 +55,12 @@ class Job:
 
 class RequestPreparer:
     def __init__(self, tokenizer: TextTokenizer, settings: Settings, *, model_name: str, dimension: int,
-                 max_length: int, prompts: dict[str, str], default_prompt: str, include_prompt: bool):
-        """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag)."""
+                 max_length: int, prompts: dict[str, str], default_prompt: str, include_prompt: bool,
+                 chat_pairs: ChatPairTokenizer | None = None):
+        """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag);
+        `chat_pairs`: a causal reranker's pairs rendering, its instruction the prompt."""
         self.tokenizer = tokenizer
+        self.chat_pairs = chat_pairs
         self.settings = settings
         self.model_name = model_name
         self.dimension = dimension
@@ -179,7 +183,7 @@ class RequestPreparer:
                             f"bytes; the server sends at most max_response_bytes={settings.max_response_bytes} per "
                             "answer: send fewer inputs per request, or do not ask for the texts back",
                             param=request.field)
-        tokenized = self.tokenizer.pairs(request.inputs, self.max_length, request.truncation_direction)
+        tokenized = self._pairs(request)
         truncate = settings.truncate if request.truncate is None else request.truncate
         for i, item in enumerate(tokenized):
             if not truncate and item.full_length > self.max_length:
@@ -191,6 +195,24 @@ class RequestPreparer:
         seconds = [item.second for item in tokenized]
         return Job(request, [item.ids for item in tokenized], normalize=False,
                    second=seconds if any(seconds) else None)
+
+    def _pairs(self, request: ScoringRequest) -> list[Tokenized]:
+        """Each input tokenized as the model reads it: through a causal reranker's chat template,
+        with the request's instruction or the model's default one, or as a tokenizer pair."""
+        if self.chat_pairs is None:
+            if request.instruction is not None:
+                raise unprocessable("'instruction' is for causal language model rerankers, which render it through "
+                                    "their chat template; this model takes none", param="instruction")
+            return self.tokenizer.pairs(request.inputs, self.max_length, request.truncation_direction)
+        for i, (_, second) in enumerate(request.inputs):
+            if second is None:
+                raise unprocessable(f"'{request.param(i)}' is a single text; this reranker scores (query, document) "
+                                    "pairs through its chat template: send [query, document]", param=request.param(i))
+        instruction = self.default_prompt if request.instruction is None else request.instruction
+        if len(instruction) > self.settings.max_input_chars:
+            raise too_large(f"'instruction' has {len(instruction)} characters; the limit is "
+                            f"max_input_chars={self.settings.max_input_chars}", param="instruction")
+        return self.chat_pairs.pairs(request.inputs, self.max_length, request.truncation_direction, instruction)
 
     def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
         """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""

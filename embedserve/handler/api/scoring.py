@@ -4,8 +4,9 @@ scores in, wire bytes out. Plain Python + numpy, like codec.py.
   "rerank"     TEI: {"query", "texts", "raw_scores", "return_text", "truncate",
                "truncation_direction"} -> [{"index", "score", "text"?}], best first
   "v1/rerank"  Cohere v1 / Jina: {"model", "query", "documents": [str | {"text"}], "top_n",
-               "return_documents"} -> {"id", "model", "results": [{"index", "relevance_score",
-               "document"?}], "meta", "usage"}, best first
+               "return_documents", "instruction"} -> {"id", "model", "results": [{"index",
+               "relevance_score", "document"?}], "meta", "usage"}, best first; "instruction"
+               only for a causal language model reranker (its chat template's system message)
   "v2/rerank"  Cohere v2 (what its ClientV2 posts): the same body and answer
   "predict"    TEI: {"inputs": str | [str, str] | [str | [str, str], ...], "raw_scores",
                "truncate", "truncation_direction"} -> [{"score", "label"}] per input, best first
@@ -28,7 +29,7 @@ import torch
 
 from embedserve.handler.api.codec import (IGNORED_FIELDS, TRUNCATION_DIRECTIONS, Route, check_method, check_text,
                                           decode_body, dumps, json_type, option_value)
-from embedserve.handler.api.errors import RequestError, empty, malformed, unprocessable
+from embedserve.handler.api.errors import RequestError, empty, malformed
 
 # One input of a scoring model: a text, or a pair of texts (query, document).
 Pair = tuple[str, "str | None"]
@@ -45,6 +46,7 @@ class ScoringRequest:
     truncate: bool | None = None  # None: the server's setting
     truncation_direction: str = "right"
     batch: bool = True  # /predict: whether the answer is one list per input
+    instruction: str | None = None  # a causal reranker's task instruction; None: the model's default
 
     def param(self, index: int) -> str:
         """Input `index`'s place in the body, for errors."""
@@ -80,12 +82,11 @@ def parse_scoring(body: Any, content_type: str | None, route: Route, method: str
                                   return_text=bool(option_value(payload, "return_text", bool, ())), **common)
         for key in IGNORED_FIELDS:
             option_value(payload, key, str, ())
-        if payload.get("instruction") is not None:
-            raise unprocessable("'instruction' is for LLM rerankers; this model takes none", param="instruction")
         documents = _texts(_required(payload, "documents"), "documents", objects=True)
         return ScoringRequest(route, tuple((query, text) for text in documents), "documents",
                               return_text=bool(option_value(payload, "return_documents", bool, ())),
-                              top_n=option_value(payload, "top_n", int, ()), **common)
+                              top_n=option_value(payload, "top_n", int, ()),
+                              instruction=option_value(payload, "instruction", str, ()), **common)
     except RequestError as err:
         err.tei = route.tei
         raise

@@ -40,7 +40,7 @@ from embedserve.handler.execution.engine_trial import Candidate, bf16_challenger
     time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.files import HeadModule, Pooling, Scoring
-from embedserve.handler.model.head import load_head
+from embedserve.handler.model.head import load_head, logit_score_head
 from embedserve.handler.model.loading import TorchTransformer, load_model
 from embedserve.handler.model.packed_forward import VARLEN_FLASH, PackedTransformer, packed_support
 from embedserve.handler.settings import Settings
@@ -137,8 +137,11 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     engine = candidate.engine
     reasons: dict[str, Any] = {}
     scoring = parts.scoring
-    if scoring:  # the model's own head gives the logits: no pooling, no sentence-transformers head
+    own_head = bool(scoring and scoring.own_head)
+    if own_head:  # the model's own head gives the logits: no pooling, no sentence-transformers head
         head, dimension, modes = None, len(scoring.labels), ()
+    elif scoring:  # a causal reranker: its LogitScore over the last token's state
+        head, dimension, modes = logit_score_head(model_dir, scoring.logit_score, placement.device), 1, ("last_token",)
     else:
         width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(parts.pooling.modes)
         head, dimension = load_head(model_dir, parts.head, width, placement.device)
@@ -158,11 +161,11 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     else:
         model = load_model(model_dir, device=placement.device, dtype=placement.dtype,
                            int8_fp32_layers=placement.int8_fp32_layers, compile=placement.compile,
-                           scoring=scoring is not None)
+                           scoring=own_head)
         torch_transformer = TorchTransformer(model)
         padded = PaddedBackend(torch_transformer, facts={"engine": engine, "attention": torch_transformer.attention},
                                **padded_parts)
-        if placement.packed and scoring:
+        if placement.packed and own_head:
             backend, reasons["layout"] = padded, "padded: packed passes pool token states; a scoring model's head " \
                                                  "reads its own"
         else:
@@ -218,7 +221,7 @@ def _layout(padded: PaddedBackend, model: torch.nn.Module, placement: Placement,
     reason = packed_support(model)
     if reason is None:
         transformer = PackedTransformer(model)
-        packed = PackedBackend(transformer, parts.pooling.modes, head)
+        packed = PackedBackend(transformer, padded.modes, head)
         rows = _probe_rows(parts.pad_id, model.config.vocab_size, parts.max_positions or 512)
         floor = PACKED_MIN_COSINE[placement.dtype]
         try:

@@ -9,8 +9,11 @@ A scoring model (a reranker or a classifier) is a Hugging Face sequence-classifi
 own head gives one logit per label for a text or a (query, document) pair. sentence-transformers 6
 saves a `CrossEncoder` as such a model with a lone Transformer module, its activation in
 `config_sentence_transformers.json` (Sigmoid for one label, the identity for several, by default).
-A causal language model scored by `LogitScore` (the Qwen3-Reranker shape) is refused for now:
-its pairs are rendered by the model's chat template, which this server does not reproduce yet.
+A causal language model reranker (the Qwen3-Reranker shape) is a Transformer module followed by
+`LogitScore`: each (query, document) pair is rendered through the model's chat template (roles
+"query" and "document", an instruction as a "system" message), and the score is the last
+token's logit of the "yes" token less that of the "no" token (model/chat_pairs.py renders the
+pairs, model/head.py builds that one-row head over last-token pooling).
 
 Every module that changes the vectors is either read here, to be applied exactly as
 sentence-transformers applies it, or refused with an error naming it: a model is never served
@@ -82,16 +85,42 @@ class HeadModule:
 
 
 @dataclass(frozen=True)
+class LogitScore:
+    """A causal language model's score: the last token's logit of `true_token_id`, less that of
+    `false_token_id` where there is one (sentence-transformers' LogitScore module)."""
+    true_token_id: int
+    false_token_id: int | None
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How sentence-transformers renders a pair through the chat template: each message's content
+    as a string ("flat") or as [{"type": "text", "text": ...}] ("structured"), the template's own
+    keyword arguments, and whether a truncated row gets the template's closing tokens back."""
+    message_format: str
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+    restore_suffix: bool = True
+
+
+@dataclass(frozen=True)
 class Scoring:
-    """A sequence-classification head: its labels, and the activation sentence-transformers'
-    CrossEncoder applies to the logits (a torch.nn class name)."""
+    """A scoring head: its labels, and the activation sentence-transformers' CrossEncoder applies
+    to the logits (a torch.nn class name). A sequence-classification model's own head gives the
+    logits; a causal language model's come from `logit_score` over pairs rendered by `chat`."""
     labels: tuple[str, ...]  # by logit index; one label: a reranker
     activation: str  # "Sigmoid", "Identity", ...
     segments: bool  # the model takes token type ids: a pair's second text is its segment 1
+    logit_score: LogitScore | None = None
+    chat: ChatFormat | None = None
 
     @property
     def task(self) -> str:
         return RERANK if len(self.labels) == 1 else CLASSIFY
+
+    @property
+    def own_head(self) -> bool:
+        """Whether the model's own sequence-classification head gives the logits (no pooling)."""
+        return self.logit_score is None
 
 
 @dataclass(frozen=True)
@@ -131,6 +160,11 @@ class ModelDescription:
     @property
     def modules(self) -> list[str]:
         """The pipeline as applied, for reports and /info."""
+        if self.scoring and self.scoring.logit_score:
+            score = self.scoring.logit_score
+            versus = f" - logit[{score.false_token_id}]" if score.false_token_id is not None else ""
+            return ["Transformer(causal LM, chat template)", "Pooling(last_token)",
+                    f"LogitScore(logit[{score.true_token_id}]{versus})", self.scoring.activation]
         if self.scoring:
             return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
         pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
@@ -148,6 +182,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
     scoring = _read_scoring(model_dir, config)
     pooling, head = (None, ()) if scoring else _read_pipeline(model_dir)
+    if scoring and scoring.logit_score:  # the score is read at the last token
+        pooling = Pooling(("last_token",))
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
         model_dir / "sentence_bert_config.json").is_file() else {}
     prompts, default_prompt_name = _read_prompts(model_dir)
@@ -190,15 +226,15 @@ def usable_positions(config: dict[str, Any]) -> int | None:
 
 
 def _read_scoring(model_dir: Path, config: dict[str, Any]) -> Scoring | None:
-    """The head of a sequence-classification model (a CrossEncoder or a plain Hugging Face
-    classifier); None for an embedding model. A causal LM reranker is refused, naming why."""
+    """The head of a scoring model (a CrossEncoder, a plain Hugging Face classifier, or a causal
+    language model reranker); None for an embedding model."""
     architecture = str((config.get("architectures") or [""])[0])
     modules = _read_json(model_dir / "modules.json") if (model_dir / "modules.json").is_file() else []
     kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
-    if "LogitScore" in kinds or (architecture.endswith("ForCausalLM") and _is_cross_encoder(model_dir)):
-        raise ModelFilesError(f"{model_dir} is a causal language model reranker ({architecture}, scored by "
-                              "LogitScore); its (query, document) pairs are rendered by the model's chat template, "
-                              "which this server does not reproduce yet: refusing rather than serving other scores")
+    st_config = _read_json(model_dir / "config_sentence_transformers.json") if (
+        model_dir / "config_sentence_transformers.json").is_file() else {}
+    if "LogitScore" in kinds or (architecture.endswith("ForCausalLM") and st_config.get("model_type") == "CrossEncoder"):
+        return _read_causal_reranker(model_dir, config, modules, kinds, st_config)
     if not architecture.endswith("ForSequenceClassification"):
         return None
     if kinds not in ([], ["Transformer"]):
@@ -207,22 +243,82 @@ def _read_scoring(model_dir: Path, config: dict[str, Any]) -> Scoring | None:
     labels = config.get("id2label") or {}
     count = int(config.get("num_labels") or len(labels) or 1)
     names = tuple(str(labels.get(str(i), labels.get(i, f"LABEL_{i}"))) for i in range(count))
-    st_config = _read_json(model_dir / "config_sentence_transformers.json") if (
-        model_dir / "config_sentence_transformers.json").is_file() else {}
     if st_config.get("default_prompt_name"):
         raise ModelFilesError(f"{model_dir}/config_sentence_transformers.json: a default prompt for a cross-encoder "
                               "is not supported")
-    # sentence-transformers' order: its own config, then the model config's (v4+), then the default.
+    activation = _activation(model_dir, config, st_config, count)
+    return Scoring(names, activation, segments=int(config.get("type_vocab_size") or 0) > 1)
+
+
+def _activation(model_dir: Path, config: dict[str, Any], st_config: dict[str, Any], labels: int) -> str:
+    """The activation CrossEncoder.predict applies, by class name. sentence-transformers' order:
+    its own config, then the model config's (v4+), then the default."""
     activation = st_config.get("activation_fn") or (config.get("sentence_transformers") or {}).get("activation_fn") \
         or config.get("sbert_ce_default_activation_function") \
-        or ("torch.nn.modules.activation.Sigmoid" if count == 1 else "torch.nn.modules.linear.Identity")
+        or ("torch.nn.modules.activation.Sigmoid" if labels == 1 else "torch.nn.modules.linear.Identity")
     activation_class(activation, f"{model_dir}: activation_fn")
-    return Scoring(names, activation.rsplit(".", 1)[-1], segments=int(config.get("type_vocab_size") or 0) > 1)
+    return activation.rsplit(".", 1)[-1]
 
 
-def _is_cross_encoder(model_dir: Path) -> bool:
-    path = model_dir / "config_sentence_transformers.json"
-    return path.is_file() and _read_json(path).get("model_type") == "CrossEncoder"
+def _read_causal_reranker(model_dir: Path, config: dict[str, Any], modules: list[dict[str, Any]], kinds: list[str],
+                          st_config: dict[str, Any]) -> Scoring:
+    """A CrossEncoder over a causal language model, as sentence-transformers 6 saves it: a
+    Transformer (text generation, pairs rendered as chat messages) and a LogitScore module."""
+    architecture = str((config.get("architectures") or ["?"])[0])
+    if kinds != ["Transformer", "LogitScore"]:
+        raise ModelFilesError(f"{model_dir}/modules.json: a causal language model reranker ({architecture}) with "
+                              f"modules {kinds}; supported: Transformer then LogitScore, as sentence-transformers 6 "
+                              "saves a CrossEncoder")
+    if not architecture.endswith("ForCausalLM"):
+        raise ModelFilesError(f"{model_dir}: LogitScore reads a causal language model's logits; this model is "
+                              f"{architecture}")
+    folder = str(sorted(modules, key=lambda m: int(m.get("idx", 0)))[1].get("path") or "")
+    score_config = _read_json(model_dir / folder / "config.json")
+    true_id, false_id = score_config.get("true_token_id"), score_config.get("false_token_id")
+    vocab = int(config.get("vocab_size") or 0)
+    for key, value in (("true_token_id", true_id), ("false_token_id", false_id)):
+        if not (value is None and key == "false_token_id") and not (isinstance(value, int) and 0 <= value < vocab):
+            raise ModelFilesError(f"{model_dir / folder / 'config.json'}: '{key}' must be a token id below the "
+                                  f"vocabulary's {vocab}, got {value!r}")
+    if score_config.get("module_input_name", "causal_logits") != "causal_logits":
+        raise ModelFilesError(f"{model_dir / folder / 'config.json'}: LogitScore reading "
+                              f"'{score_config['module_input_name']}' is not supported (only causal_logits)")
+    activation = _activation(model_dir, config, st_config, 1)
+    return Scoring(("LABEL_0",), activation, segments=False, logit_score=LogitScore(true_id, false_id),
+                   chat=_read_chat_format(model_dir))
+
+
+# What sentence-transformers 6 does with a Transformer's processing_kwargs that this server
+# reproduces: the chat template's own keyword arguments, and its restore_suffix flag.
+_CHAT_KEYS = ("chat_template",)
+
+
+def _read_chat_format(model_dir: Path) -> ChatFormat:
+    """How the Transformer module renders pairs (sentence_bert_config.json): as chat messages,
+    in the format it saved, with the template arguments it saved. Pairs tokenized without a chat
+    template are refused: that path is not reproduced."""
+    path = model_dir / "sentence_bert_config.json"
+    transformer = _read_json(path) if path.is_file() else {}
+    modality = transformer.get("modality_config") or {}
+    message = modality.get("message")
+    if not isinstance(message, dict):
+        raise ModelFilesError(f"{path}: this causal reranker's Transformer takes no chat messages (no 'message' in "
+                              "modality_config), so its pairs are not rendered by a chat template; only chat-template "
+                              "rerankers are supported")
+    message_format = message.get("format", "structured")
+    if message_format not in ("flat", "structured"):
+        raise ModelFilesError(f"{path}: message format '{message_format}' is not 'flat' or 'structured'")
+    processing = transformer.get("processing_kwargs") or {}
+    unknown = sorted(set(processing) - set(_CHAT_KEYS))
+    if unknown:
+        raise ModelFilesError(f"{path}: processing_kwargs {unknown} change how pairs are tokenized; only "
+                              f"{', '.join(_CHAT_KEYS)} is supported")
+    template_kwargs = dict(processing.get("chat_template") or {})
+    restore_suffix = bool(template_kwargs.pop("restore_suffix", True))
+    sizes = sorted({"padding", "truncation", "max_length", "return_tensors", "tokenize"} & set(template_kwargs))
+    if sizes:
+        raise ModelFilesError(f"{path}: processing_kwargs.chat_template sets {sizes}; not supported")
+    return ChatFormat(message_format, tuple(sorted(template_kwargs.items())), restore_suffix)
 
 
 def _read_pipeline(model_dir: Path) -> tuple[Pooling | None, tuple[HeadModule, ...]]:

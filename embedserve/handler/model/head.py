@@ -6,17 +6,22 @@ runs them (LaBSE: CLS pooling, Dense with tanh, Normalize).
 A Normalize that ends the pipeline is left to the answer (api/output.py), which normalizes per
 request: `"normalize": true` (the default) gives the pipeline's own unit vectors, `false` the
 vector before that last step, as TEI serves it. A Normalize with modules after it stays.
+
+A causal language model reranker's LogitScore is a head of the same kind: one Linear over the
+last token's state (`logit_score_head`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
-from embedserve.handler.model.files import HeadModule, ModelFilesError, activation_class
+from embedserve.handler.model.files import HeadModule, LogitScore, ModelFilesError, activation_class
 from embedserve.handler.model.pooling import l2_normalize
 
 
@@ -103,3 +108,35 @@ def _load_weights(layer: torch.nn.Module, folder: Path) -> None:
         raise ModelFilesError(f"{weights_file} holds {sorted(state)}; the {type(layer).__name__} module needs "
                               f"{sorted(expected)}")
     layer.load_state_dict(state)
+
+
+def logit_score_head(model_dir: Path, score: LogitScore, device: torch.device) -> torch.nn.Linear:
+    """A causal reranker's score as one Linear over the last token's state: the language model
+    head's row of the true token less the false token's (logit[yes] - logit[no] is a difference
+    of two dot products with the same state), in float32. Only those rows are read; a head tied
+    to the input embeddings is read from them."""
+    rows = [score.true_token_id] + ([score.false_token_id] if score.false_token_id is not None else [])
+    weight, bias = _lm_head_rows(model_dir, rows)  # (1 or 2, hidden), (1 or 2,) or None
+    sign = torch.tensor([1.0, -1.0][:len(rows)])
+    layer = torch.nn.Linear(weight.shape[1], 1, bias=bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(sign @ weight)
+        if bias is not None:
+            layer.bias.copy_((sign * bias).sum().reshape(1))
+    return layer.to(device).eval()
+
+
+def _lm_head_rows(model_dir: Path, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    config = json.loads((model_dir / "config.json").read_text())
+    tied = bool(config.get("tie_word_embeddings", True))  # transformers' default
+    names = ["lm_head.weight"] + (["model.embed_tokens.weight", "embed_tokens.weight"] if tied else [])
+    for weights_file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(weights_file), framework="pt") as weights:
+            for name in (name for name in names if name in weights.keys()):
+                table = weights.get_slice(name)
+                weight = torch.stack([table[row] for row in rows]).to(torch.float32)
+                bias = weights.get_tensor("lm_head.bias")[rows].to(torch.float32) \
+                    if name == "lm_head.weight" and "lm_head.bias" in weights.keys() else None
+                return weight, bias
+    raise ModelFilesError(f"{model_dir}: no language model head ({' or '.join(names)}) in its safetensors; "
+                          "LogitScore needs the logits of its true and false tokens")

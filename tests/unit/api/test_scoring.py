@@ -15,7 +15,7 @@ from embedserve.handler.api.codec import Route
 from embedserve.handler.api.errors import RequestError
 from embedserve.handler.api.scoring import parse_scoring
 from embedserve.handler.assembly import assemble
-from embedserve.handler.model.files import ModelFilesError, describe_model
+from embedserve.handler.model.files import LogitScore, ModelFilesError, describe_model
 from embedserve.handler.service import RawRequest
 from embedserve.handler.settings import Settings
 from tests.support.rerankers import LABELS, PAIRS, make_reranker, reference_scores
@@ -24,7 +24,7 @@ from tests.support.rerankers import LABELS, PAIRS, make_reranker, reference_scor
 @pytest.fixture(scope="module")
 def rerankers(tmp_path_factory):
     root = tmp_path_factory.mktemp("scoring")
-    return {family: make_reranker(family, root / family) for family in ("bert", "xlmr", "classifier")}
+    return {family: make_reranker(family, root / family) for family in ("bert", "xlmr", "classifier", "qwen3")}
 
 
 def service(model_dir, **settings):
@@ -46,15 +46,87 @@ def test_the_folder_says_task_labels_activation_and_token_types(rerankers):
     assert bert.dimension == 1 and classifier.dimension == 3
 
 
-def test_a_causal_lm_reranker_is_refused_naming_why(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 8,
-                                                      "architectures": ["Qwen3ForCausalLM"]}))
-    (tmp_path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_LogitScore",
-         "type": "sentence_transformers.cross_encoder.modules.logit_score.LogitScore"}]))
-    with pytest.raises(ModelFilesError, match="chat template"):
-        describe_model(tmp_path)
+def test_a_causal_reranker_is_its_logit_score_over_the_last_token(rerankers):
+    qwen = describe_model(rerankers["qwen3"])
+    tokenizer = AutoTokenizer.from_pretrained(rerankers["qwen3"])
+    assert (qwen.task, qwen.scoring.labels, qwen.scoring.activation, qwen.pooling.modes) == \
+        ("rerank", ("LABEL_0",), "Sigmoid", ("last_token",))
+    assert qwen.scoring.logit_score == LogitScore(tokenizer.convert_tokens_to_ids("yes"),
+                                                  tokenizer.convert_tokens_to_ids("no"))
+    assert qwen.scoring.chat.message_format == "flat" and qwen.scoring.chat.restore_suffix
+    assert not qwen.scoring.own_head and qwen.dimension == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: _edit(d / "modules.json", lambda m: m[:1] + [{**m[1], "type": "sentence_transformers.Dense"}]),
+     "Transformer then LogitScore"),
+    (lambda d: _edit(d / "sentence_bert_config.json", lambda c: {**c, "modality_config": {"text": {}}}),
+     "not rendered by a chat template"),
+    (lambda d: _edit(d / "sentence_bert_config.json", lambda c: {**c, "processing_kwargs": {"text": {"max_length": 8}}}),
+     "processing_kwargs"),
+    (lambda d: _edit(d / "1_LogitScore" / "config.json", lambda c: {**c, "true_token_id": 10**6}),
+     "true_token_id"),
+    (lambda d: _edit(d / "config.json", lambda c: {**c, "architectures": ["Qwen3ForSequenceClassification"]}),
+     "LogitScore reads a causal language model"),
+])
+def test_a_causal_reranker_it_cannot_serve_exactly_is_refused_naming_why(rerankers, tmp_path, change, message):
+    import shutil
+
+    model_dir = shutil.copytree(rerankers["qwen3"], tmp_path / "qwen3")
+    change(model_dir)
+    with pytest.raises(ModelFilesError, match=message):
+        describe_model(model_dir)
+
+
+def _edit(path, change):
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+@pytest.mark.parametrize("instruction", [None, "Find what a cat is"])
+def test_causal_pairs_are_the_ids_cross_encoder_renders(rerankers, instruction):
+    """Rendered by the chat template, cut at the limit, the template's tail written back over a
+    cut row: the ids sentence-transformers' CrossEncoder feeds its model."""
+    from sentence_transformers import CrossEncoder
+
+    svc = service(rerankers["qwen3"])
+    max_length = svc.preparer.max_length
+    features = CrossEncoder(str(rerankers["qwen3"])).preprocess(PAIRS, prompt=instruction)
+    want = [[token for token, real in zip(row, mask) if real]
+            for row, mask in zip(features["input_ids"].tolist(), features["attention_mask"].tolist())]
+    got = svc.preparer.chat_pairs.pairs(PAIRS, max_length, "right", instruction or "")
+    assert [item.ids for item in got] == want
+    cut = [item for item in got if item.full_length > max_length]
+    assert cut and all(len(item.ids) == max_length for item in cut)
+    tail = svc.preparer.chat_pairs.hf.encode("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>",
+                                             add_special_tokens=False)
+    assert all(item.ids[-len(tail) - 1:-1] == tail or item.ids[-len(tail):] == tail for item in got)
+
+
+def test_left_truncation_of_a_causal_pair_keeps_its_end(rerankers):
+    svc = service(rerankers["qwen3"])
+    [right, left] = [svc.preparer.chat_pairs.pairs([PAIRS[3]], 100, side)[0] for side in ("right", "left")]
+    full = svc.preparer.chat_pairs.pairs([PAIRS[3]], 10**6, "right")[0]
+    tail = len(svc.preparer.chat_pairs._suffix(""))
+    assert 0 < tail < 50 and full.full_length > 100 and left.ids == full.ids[-100:]
+    assert right.ids == full.ids[:100 - tail] + full.ids[-tail:]
+
+
+def test_instructions_and_pairs_only_for_a_causal_reranker(rerankers):
+    qwen, bert = service(rerankers["qwen3"], cache_entries=64), service(rerankers["bert"])
+    query, documents = PAIRS[0][0], [document for _, document in PAIRS]
+    want = reference_scores(rerankers["qwen3"], [(query, d) for d in documents], prompt="Find greetings")
+    status, answer = call(qwen, "v1/rerank", {"query": query, "documents": documents, "instruction": "Find greetings"})
+    got = {item["index"]: item["relevance_score"] for item in answer["results"]}
+    assert status == 200 and np.abs(np.array([got[i] for i in range(len(documents))]) - want).max() <= 1e-5
+    status, plain = call(qwen, "v1/rerank", {"query": query, "documents": documents})
+    assert status == 200 and plain["results"] != answer["results"]  # the template's default instruction
+    assert len(qwen.cache.memory) == 2 * len(documents)  # an instruction is part of each pair's ids
+    status, answer = call(qwen, "predict", {"inputs": [["a", "b"], "one text"]})
+    assert status == 422 and "'inputs[1]' is a single text" in answer["error"]
+    status, answer = call(qwen, "v2/rerank", {"query": "q", "documents": ["a"], "instruction": "x" * 100_001})
+    assert status == 413 and answer["error"]["param"] == "instruction"
+    status, answer = call(bert, "v2/rerank", {"query": "q", "documents": ["a"], "instruction": "rank"})
+    assert status == 400 and answer["error"]["param"] == "instruction"  # invalid_value, in the Cohere shape
 
 
 @pytest.mark.parametrize("direction", ["right", "left"])
@@ -74,7 +146,7 @@ def test_a_tokenizer_without_token_types_gives_none(rerankers):
     assert all(item.second == 0 for item in svc.preparer.tokenizer.pairs(PAIRS, 64, "right"))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlmr"])
+@pytest.mark.parametrize("family", ["bert", "xlmr", "qwen3"])
 @pytest.mark.parametrize("engine", ["torch", "onnxruntime"])
 def test_scores_equal_cross_encoder_predict(rerankers, family, engine, tmp_path):
     model_dir = rerankers[family]
@@ -85,7 +157,7 @@ def test_scores_equal_cross_encoder_predict(rerankers, family, engine, tmp_path)
 
         model_dir = shutil.copytree(model_dir, tmp_path / family)
         description = describe_model(model_dir)
-        assert export_onnx(model_dir, description.usable_positions, scoring=True,
+        assert export_onnx(model_dir, description.usable_positions, scoring=description.scoring.own_head,
                            segments=description.scoring.segments).startswith("exported")
     svc = service(model_dir, engine=engine)
     assert svc.info()["engine"] == engine
