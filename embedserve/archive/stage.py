@@ -1,6 +1,6 @@
 """Copy a Hugging Face model folder into a staging folder with safetensors weights only.
 
-What is copied: config.json, tokenizer files, sentence-transformers description files, the
+What is copied: config.json, tokenizer files and chat template, sentence-transformers description files, the
 weights, and each pipeline module's folder (its config.json and weights: a Dense or LayerNorm
 module has its own). Pickled weights (`pytorch_model.bin`) are converted to safetensors with
 `torch.load(weights_only=True)`, which refuses arbitrary objects; a checkpoint that needs
@@ -20,6 +20,8 @@ CONFIG_FILES = ("config.json", "modules.json", "sentence_bert_config.json", "con
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+    # a causal reranker's pairs are rendered by its chat template (transformers 5 saves it apart)
+    "chat_template.jinja", "chat_template.json",
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 

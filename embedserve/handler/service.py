@@ -125,7 +125,8 @@ class EmbeddingService:
             max_length=preparer.max_length, vocab_size=preparer.tokenizer.vocab_size,
             prompts=tuple(sorted(preparer.prompts)), settings=self.settings,
             max_tokens_per_request=self.max_request_tokens, task=self.task,
-            labels=self.scoring.labels if self.scoring else ()))
+            labels=self.scoring.labels if self.scoring else (),
+            instructed=bool(self.scoring and self.scoring.chat)))
 
     def _openapi_body(self) -> bytes:
         # Built on first use: the limits are final once the worker has measured its speed.

@@ -180,11 +180,13 @@ class TorchServe:
         return None if real else f"model {model}: empty or non-finite embedding"
 
     def _scoring_problem(self, model: str, headers: dict[str, str], timeout: float) -> str | None:
-        """None when a scoring model answers finite scores for one text on /predict."""
+        """None when a scoring model answers finite scores for one pair on /predict (every scorer
+        takes a pair; a causal reranker takes nothing else)."""
         version = default_version(self.models[model])
         try:
             response = requests.post(f"{self.client_url('inference')}/predictions/{model}/{version}/predict",
-                                     json={"inputs": READINESS_TEXT}, headers=headers, timeout=timeout)
+                                     json={"inputs": [READINESS_TEXT, READINESS_TEXT]}, headers=headers,
+                                     timeout=timeout)
             scores = [float(item["score"]) for item in response.json()] if response.status_code == 200 else []
         except requests.RequestException as err:
             return f"model {model}: no answer ({type(err).__name__})"

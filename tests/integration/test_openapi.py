@@ -1,6 +1,7 @@
 """The served OpenAPI document, validated, then fuzzed against the live server with schemathesis.
 
-A real TorchServe serves the tiny model and a tiny reranker (its own document: rerank, predict); the document it serves must be valid OpenAPI 3.1 with
+A real TorchServe serves the tiny model, a tiny cross-encoder and a tiny causal LM reranker (each its own
+document: rerank, predict, an instruction for the causal one); the document it serves must be valid OpenAPI 3.1 with
 the worker's real values, and schemathesis generates requests for every operation from it, with
 the inference key, positive and negative: every answer must be no 5xx, a status the document
 lists, a body matching its schema, and every 4xx a JSON body naming the field at fault. The
@@ -29,6 +30,8 @@ pytestmark = pytest.mark.integration
 
 MODEL = "tiny"
 RERANKER = "reranker"
+# The scoring models fuzzed, by served name: a cross-encoder and a causal LM reranker (tests/support/rerankers.py).
+SCORERS = {RERANKER: "bert", "llmreranker": "qwen3"}
 EXAMPLES = int(os.environ.get("EMBEDSERVE_FUZZ_EXAMPLES", "200"))
 # Statuses that answer no field: the route (404), the method (405), a full work budget (429).
 NOT_ABOUT_A_FIELD = (404, 405, 429)
@@ -44,11 +47,12 @@ LIMITS = ["--set", "max_inputs_per_request=64", "--set", "max_input_chars=6000"]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
-    """The tiny model and a tiny reranker, batching as little as they can: the fuzzer sends one
-    request at a time."""
-    reranker = make_reranker("bert", tmp_path_factory.mktemp("openapi-reranker") / "bert")
+    """The tiny model and the tiny scoring models, batching as little as they can: the fuzzer sends
+    one request at a time."""
+    scorers = {name: make_reranker(family, tmp_path_factory.mktemp(f"openapi-{name}") / family)
+               for name, family in SCORERS.items()}
     builds = [[*FLOAT32, "--model", str(model), "--name", name, "--workers", "1", "--batch-size", "8",
-               "--max-batch-delay", "1", *LIMITS] for model, name in ((tiny_model_dir, MODEL), (reranker, RERANKER))]
+               "--max-batch-delay", "1", *LIMITS] for name, model in {MODEL: tiny_model_dir, **scorers}.items()]
     with serving(tmp_path_factory.mktemp("openapi"), *builds) as ts:
         yield ts
 
@@ -65,15 +69,12 @@ def document(served):
     return _document(served, MODEL)
 
 
-@pytest.fixture(scope="module")
-def reranker_document(served):
-    return _document(served, RERANKER)
 
 
 @pytest.fixture(scope="module")
 def pids(served):
     """The workers' identities before the fuzzer starts; the last tests hold them unchanged."""
-    return {model: _identities(served, model) for model in (MODEL, RERANKER)}
+    return {model: _identities(served, model) for model in (MODEL, *SCORERS)}
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,6 @@ def api_schema(served, document):
     return _schema(served, document)
 
 
-@pytest.fixture(scope="module")
-def reranker_schema(served, reranker_document):
-    return _schema(served, reranker_document)
 
 
 def _schema(served, document):
@@ -189,15 +187,19 @@ def test_every_operation_holds_to_the_document(served, api_schema, pids):
     assert _identities(served, MODEL) == pids[MODEL]  # no worker died or was replaced
 
 
-def test_every_reranker_operation_holds_to_its_document(served, reranker_document, reranker_schema, pids):
-    validate(reranker_document)
-    assert {path.rsplit("/", 1)[-1] for path in reranker_document["paths"]} >= {"rerank", "predict"}
-    tally, failures, seconds = fuzz(reranker_schema)
+@pytest.mark.parametrize("name", SCORERS)
+def test_every_reranker_operation_holds_to_its_document(served, pids, name):
+    document = _document(served, name)
+    validate(document)
+    assert {path.rsplit("/", 1)[-1] for path in document["paths"]} >= {"rerank", "predict"}
+    instruction = document["components"]["schemas"]["CohereRerankRequest"]["properties"]["instruction"]
+    assert ("string" in instruction["type"]) == (SCORERS[name] == "qwen3")  # only a causal reranker takes one
+    tally, failures, seconds = fuzz(_schema(served, document))
     print("\n" + summary(tally, failures, seconds))
     assert not failures, "\n\n".join(dict.fromkeys(failures))
-    assert {operation for operation, _ in tally} >= {f"POST /predictions/{RERANKER}/1.0/{route}" for route in
+    assert {operation for operation, _ in tally} >= {f"POST /predictions/{name}/1.0/{route}" for route in
                                                       ("rerank", "predict", "v1/rerank", "v2/rerank")}
-    assert _identities(served, RERANKER) == pids[RERANKER]
+    assert _identities(served, name) == pids[name]
 
 
 def summary(tally: Counter, failures: list[str], seconds: float) -> str:

@@ -1,6 +1,7 @@
 """Rerankers and classifiers through the real TorchServe, built by build_mar as a user builds them
 (the build itself compares its scores with CrossEncoder.predict), against sentence-transformers'
-CrossEncoder.predict: every family, every scoring route (TEI's /rerank and /predict, Cohere's and
+CrossEncoder.predict: every family (cross-encoders, a classifier, a causal LM reranker with its
+chat template and instruction), every scoring route (TEI's /rerank and /predict, Cohere's and
 Jina's v1/v2 rerank, the official `cohere` client), their bad inputs one request at a time and
 mixed in one batch with good ones, and the routes of the other task refused."""
 
@@ -72,6 +73,39 @@ def test_rerank_scores_equal_cross_encoder_predict(server, models, family):
         assert [item["index"] for item in answer["results"]] == ranking[:3]
         assert answer["results"][0]["document"] == {"text": documents[ranking[0]]}
         assert answer["meta"]["api_version"]["version"] == route[1] and answer["usage"]["total_tokens"] > 0
+
+
+def test_a_causal_reranker_takes_an_instruction_and_pairs_only(server, models):
+    """The Qwen3-Reranker shape: the instruction rides in its chat template, as CrossEncoder.predict's
+    prompt; a single text has no pair to render (its own 422); bad instructions are their own 4xx
+    in a batch shared with good requests, and the worker stays."""
+    before = workers(server, "qwen3")
+    query, documents = PAIRS[0][0], [document for _, document in PAIRS]
+    instruction = "Given a greeting, find the replies"
+    want = reference_scores(models["qwen3"], [(query, document) for document in documents], prompt=instruction)
+    answer = post(server, "qwen3", "v2/rerank", {"query": query, "documents": documents, "instruction": instruction})
+    got = {item["index"]: item["relevance_score"] for item in answer["results"]}
+    assert np.abs(np.array([got[i] for i in range(len(documents))]) - want).max() <= MAX_SCORE_DIFFERENCE
+    assert [item["index"] for item in answer["results"]] == list(np.argsort(-want, kind="stable"))
+    info = requests.get(f"{server.url('inference')}/predictions/qwen3/1.0/info", headers=server.auth(),
+                        timeout=60).json()
+    assert info["task"] == "rerank" and info["pooling"] == "last_token" and info["engine"] == "onnxruntime"
+    assert any(module.startswith("LogitScore") for module in info["modules"])
+    bad = [("predict", {"inputs": [["q", "a"], "one text"]}, 422, "inputs[1]"),
+           ("v1/rerank", {"query": "q", "documents": ["a"], "instruction": 3}, 400, "instruction"),
+           ("v1/rerank", {"query": "q", "documents": ["a"], "instruction": "x" * 100_001}, 413, "instruction"),
+           ("rerank", {"query": "q", "texts": ["a " * 400], "truncate": False}, 413, "texts[0]")]
+    with ThreadPoolExecutor(8) as pool:
+        futures = [(case, pool.submit(requests.post, f"{server.url('inference')}/predictions/qwen3/1.0/{case[0]}",
+                                      json=case[1], headers=server.auth(), timeout=120)) for case in bad]
+        goods = [pool.submit(requests.post, f"{server.url('inference')}/predictions/qwen3/1.0/rerank",
+                             json={"query": query, "texts": documents}, headers=server.auth(), timeout=120)
+                 for _ in range(8)]
+    for (route, body, status, field), future in futures:
+        response = future.result()
+        assert response.status_code == status and field in response.text, (route, response.text)
+    assert all(future.result().status_code == 200 for future in goods)
+    assert workers(server, "qwen3") == before
 
 
 def test_a_thousand_documents_come_back_in_order(server, models):

@@ -33,6 +33,7 @@ class ServedModel:
     max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
     task: str = "embed"  # embed, rerank or classify (model/files.py)
     labels: tuple[str, ...] = ()  # a scoring model's labels
+    instructed: bool = False  # a causal reranker: (query, document) pairs only, an instruction allowed
 
 
 def limits(model: ServedModel) -> dict[str, int]:
@@ -413,7 +414,8 @@ def _scoring_schemas(model: ServedModel, many: dict[str, Any], options: dict[str
                    "properties": {"score": {"type": "number"}, "label": {"enum": list(model.labels)}}}
     return {
         "PredictRequest": {"type": "object", "required": ["inputs"], "properties": {
-            "inputs": {"anyOf": [_ref("Text"), pair, {**many, "items": {"anyOf": [_ref("Text"), pair]}}]},
+            "inputs": {"anyOf": [pair, {**many, "items": pair}]} if model.instructed else
+            {"anyOf": [_ref("Text"), pair, {**many, "items": {"anyOf": [_ref("Text"), pair]}}]},
             **common}},
         "PredictAnswer": {"anyOf": [{"type": "array", "items": label_score},
                                     {"type": "array", "items": {"type": "array", "items": label_score}}]},
@@ -426,7 +428,11 @@ def _scoring_schemas(model: ServedModel, many: dict[str, Any], options: dict[str
             "query": _ref("Text"), "documents": {**many, "items": document},
             "top_n": {"type": ["integer", "null"], "minimum": 1},
             "return_documents": {"type": ["boolean", "null"]}, "model": {"type": ["string", "null"]},
-            "instruction": {"type": "null", "description": "for LLM rerankers; refused here"}, **common}},
+            "instruction": {"type": ["string", "null"], "maxLength": model.settings.max_input_chars,
+                            "description": "the task, as the chat template's system message; missing or null: the "
+                                           "model's default prompt, else its template's own"}
+            if model.instructed else {"type": "null", "description": "for causal LM rerankers; refused here"},
+            **common}},
         "CohereRerankAnswer": {"type": "object", "required": ["results"], "properties": {
             "id": {"type": "string"}, "model": {"type": "string"}, "meta": {"type": "object"},
             "usage": {"type": "object"},
