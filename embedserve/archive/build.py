@@ -116,7 +116,8 @@ def build(args: argparse.Namespace) -> Path:
         if serves_onnx(config["handler"]):
             # A causal reranker exports its transformer's states, as an embedding model: its score is a head after.
             outcome = export_onnx(stage / "model", description.usable_positions,
-                                  scoring=bool(scoring and scoring.own_head), segments=bool(scoring and scoring.segments))
+                                  scoring=bool(scoring and scoring.own_head),
+                                  segments=bool(scoring and scoring.segments))
             print(f"ONNX Runtime (the CPU engine): {outcome}", file=sys.stderr)
             if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")

@@ -7,6 +7,7 @@ Errors become bodies here too, in the shape and status of the route that asked.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Union
 
 import torch
@@ -67,14 +68,20 @@ def answer(index: int, job: Job, outcome: Outcome, model_name: str, scoring: Sco
         return error_body(does_not_fit(job, min(unfit)), job.request.route)
     try:
         if isinstance(job.request, ScoringRequest):
-            activation = activation_class(f"torch.nn.{scoring.activation}")()
-            return 200, encode_scores(job.request, scores(vectors, activation, job.request), labels=scoring.labels,
-                                      model_name=model_name, tokens=job.tokens)
+            values = scores(vectors, _activation(scoring.activation), job.request)
+            return 200, encode_scores(job.request, values, labels=scoring.labels, model_name=model_name,
+                                      tokens=job.tokens)
         return 200, encode(job, vectors, model_name)
     except Exception as err:  # a bug met by one answer must not fail its batch
         log_failure(f"encoding the answer of request {index} of the batch", err)
         return error_body(internal_error("the server failed to encode this answer; the failure is logged"),
                           job.request.route)
+
+
+@lru_cache(maxsize=8)
+def _activation(name: str) -> torch.nn.Module:
+    """A scorer's activation (a stateless torch.nn module such as Sigmoid), built once."""
+    return activation_class(f"torch.nn.{name}")()
 
 
 def encode(job: Job, vectors: torch.Tensor, model_name: str) -> bytes:

@@ -233,7 +233,8 @@ def _read_scoring(model_dir: Path, config: dict[str, Any]) -> Scoring | None:
     kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
     st_config = _read_json(model_dir / "config_sentence_transformers.json") if (
         model_dir / "config_sentence_transformers.json").is_file() else {}
-    if "LogitScore" in kinds or (architecture.endswith("ForCausalLM") and st_config.get("model_type") == "CrossEncoder"):
+    causal_cross_encoder = architecture.endswith("ForCausalLM") and st_config.get("model_type") == "CrossEncoder"
+    if "LogitScore" in kinds or causal_cross_encoder:
         return _read_causal_reranker(model_dir, config, modules, kinds, st_config)
     if not architecture.endswith("ForSequenceClassification"):
         return None

@@ -62,7 +62,8 @@ def test_a_causal_reranker_is_its_logit_score_over_the_last_token(rerankers):
      "Transformer then LogitScore"),
     (lambda d: _edit(d / "sentence_bert_config.json", lambda c: {**c, "modality_config": {"text": {}}}),
      "not rendered by a chat template"),
-    (lambda d: _edit(d / "sentence_bert_config.json", lambda c: {**c, "processing_kwargs": {"text": {"max_length": 8}}}),
+    (lambda d: _edit(d / "sentence_bert_config.json",
+                     lambda c: {**c, "processing_kwargs": {"text": {"max_length": 8}}}),
      "processing_kwargs"),
     (lambda d: _edit(d / "1_LogitScore" / "config.json", lambda c: {**c, "true_token_id": 10**6}),
      "true_token_id"),
@@ -100,6 +101,33 @@ def test_causal_pairs_are_the_ids_cross_encoder_renders(rerankers, instruction):
     tail = svc.preparer.chat_pairs.hf.encode("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>",
                                              add_special_tokens=False)
     assert all(item.ids[-len(tail) - 1:-1] == tail or item.ids[-len(tail):] == tail for item in got)
+
+
+def test_a_structured_template_gets_structured_messages(rerankers, tmp_path):
+    """A template that reads content[0].text: sentence-transformers' "structured" message format."""
+    import shutil
+
+    from sentence_transformers import CrossEncoder
+
+    model_dir = shutil.copytree(rerankers["qwen3"], tmp_path / "qwen3")
+    template = (model_dir / "chat_template.jinja").read_text()
+    for role in ("system", "query", "document"):  # each message's text from its first content part
+        template = template.replace(f'{{%- set {role} = messages | selectattr("role", "eq", "{role}") | '
+                                    'map(attribute="content") | first -%}',
+                                    f'{{%- set m = messages | selectattr("role", "eq", "{role}") | first -%}}'
+                                    f'{{%- set {role} = m.content[0].text if m else "" -%}}')
+    assert template.count("content[0].text") == 3
+    (model_dir / "chat_template.jinja").write_text(template)
+    _edit(model_dir / "sentence_bert_config.json", lambda c: {**c, "modality_config": {
+        **c["modality_config"], "message": {**c["modality_config"]["message"], "format": "structured"}}})
+    assert describe_model(model_dir).scoring.chat.message_format == "structured"
+    features = CrossEncoder(str(model_dir)).preprocess(PAIRS[:3], prompt="Find it")
+    want = [[token for token, real in zip(row, mask) if real]
+            for row, mask in zip(features["input_ids"].tolist(), features["attention_mask"].tolist())]
+    svc = service(model_dir)
+    got = svc.preparer.chat_pairs.pairs(PAIRS[:3], svc.preparer.max_length, "right", "Find it")
+    assert [item.ids for item in got] == want
+    assert "Find it" in svc.preparer.chat_pairs.hf.decode(got[0].ids)
 
 
 def test_left_truncation_of_a_causal_pair_keeps_its_end(rerankers):
