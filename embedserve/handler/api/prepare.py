@@ -15,7 +15,7 @@ from embedserve.handler.api.codec import EmbeddingRequest, Route, max_answer_byt
 from embedserve.handler.api.errors import RequestError, internal_error, too_large, unprocessable
 from embedserve.handler.api.quantize import SCALAR_DTYPES
 from embedserve.handler.api.scoring import ScoringRequest, max_scoring_answer_bytes
-from embedserve.handler.model.chat_pairs import ChatPairTokenizer
+from embedserve.handler.model.chat_pairs import ChatPairTokenizer, ChatTemplateError
 from embedserve.handler.model.tokenization import TextTokenizer, Tokenized
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
 from embedserve.handler.settings import Settings
@@ -212,7 +212,11 @@ class RequestPreparer:
         if len(instruction) > self.settings.max_input_chars:
             raise too_large(f"'instruction' has {len(instruction)} characters; the limit is "
                             f"max_input_chars={self.settings.max_input_chars}", param="instruction")
-        return self.chat_pairs.pairs(request.inputs, self.max_length, request.truncation_direction, instruction)
+        try:
+            return self.chat_pairs.pairs(request.inputs, self.max_length, request.truncation_direction, instruction)
+        except ChatTemplateError as err:
+            raise unprocessable(f"the model's chat template refused this request: {str(err)[:300]}",
+                                param=request.field) from None
 
     def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
         """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""

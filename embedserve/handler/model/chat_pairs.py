@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from jinja2 import TemplateError
 from transformers import AutoTokenizer
 
 from embedserve.handler.model.files import ChatFormat, ModelFilesError
@@ -27,6 +28,11 @@ from embedserve.handler.model.tokenization import Tokenized
 
 # The fillers whose two renders differ only in the pair's content (sentence-transformers' own).
 _FILLERS = ("0", "1 2 3 4")
+
+
+class ChatTemplateError(ValueError):
+    """The model's chat template refused a conversation (its own raise_exception, or an error of
+    its rendering): the request's fault, not the server's."""
 
 
 class ChatPairTokenizer:
@@ -69,8 +75,11 @@ class ChatPairTokenizer:
         """Token ids of each conversation's render, untruncated."""
         if not conversations:
             return []
-        out = self.hf.apply_chat_template(conversations, tokenize=True, return_dict=True, padding=False,
-                                          truncation=False, **self.template_kwargs)
+        try:
+            out = self.hf.apply_chat_template(conversations, tokenize=True, return_dict=True, padding=False,
+                                              truncation=False, **self.template_kwargs)
+        except TemplateError as err:
+            raise ChatTemplateError(str(err)) from None
         return [list(ids) for ids in out["input_ids"]]
 
     def _suffix(self, instruction: str) -> list[int]:

@@ -142,7 +142,10 @@ class ModelDescription:
 
     def served_with(self, pooling_setting: str) -> "ModelDescription":
         """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved
-        against the model's own Pooling module (mean where it has none)."""
+        against the model's own Pooling module (mean where it has none). A causal reranker's
+        score is read at the last token whatever the setting."""
+        if self.scoring and self.scoring.logit_score:
+            return self
         pooling = self.pooling or Pooling(("mean",))
         if pooling_setting != "auto":
             pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)

@@ -130,6 +130,21 @@ def test_a_structured_template_gets_structured_messages(rerankers, tmp_path):
     assert "Find it" in svc.preparer.chat_pairs.hf.decode(got[0].ids)
 
 
+def test_a_pair_the_template_refuses_is_that_request_s_422(rerankers, tmp_path):
+    import shutil
+
+    model_dir = shutil.copytree(rerankers["qwen3"], tmp_path / "qwen3")
+    template = (model_dir / "chat_template.jinja").read_text()
+    (model_dir / "chat_template.jinja").write_text(
+        "{%- if 'FORBIDDEN' in messages | map(attribute='content') | join(' ') -%}"
+        "{{ raise_exception('no FORBIDDEN here') }}{%- endif -%}" + template)
+    svc = service(model_dir)
+    bodies = [{"query": "q", "texts": ["a", "FORBIDDEN"]}, {"query": "q", "texts": ["a", "b"]}]
+    responses = svc.handle([RawRequest(json.dumps(body).encode(), "application/json", "rerank") for body in bodies])
+    assert [response.status for response in responses] == [422, 200]
+    assert "no FORBIDDEN here" in json.loads(responses[0].body)["error"]
+
+
 def test_left_truncation_of_a_causal_pair_keeps_its_end(rerankers):
     svc = service(rerankers["qwen3"])
     [right, left] = [svc.preparer.chat_pairs.pairs([PAIRS[3]], 100, side)[0] for side in ("right", "left")]
