@@ -1,4 +1,5 @@
-"""Build a .mar from an embedding model, a cross-encoder reranker or a sequence classifier, and register it in config.properties.
+"""Build a .mar from an embedding model, a reranker (a cross-encoder, or a causal language model
+scored by LogitScore) or a sequence classifier, and register it in config.properties.
 
     python -m embedserve.archive.build [--model PATH_OR_HUB_ID] [--name NAME] [--version V] ...
 

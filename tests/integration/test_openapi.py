@@ -1,10 +1,11 @@
 """The served OpenAPI document, validated, then fuzzed against the live server with schemathesis.
 
-A real TorchServe serves the tiny model, a tiny cross-encoder and a tiny causal LM reranker (each its own
-document: rerank, predict, an instruction for the causal one); the document it serves must be valid OpenAPI 3.1 with
-the worker's real values, and schemathesis generates requests for every operation from it, with
-the inference key, positive and negative: every answer must be no 5xx, a status the document
-lists, a body matching its schema, and every 4xx a JSON body naming the field at fault. The
+A real TorchServe serves the tiny model, a tiny cross-encoder and a tiny causal LM reranker (each
+its own document: rerank, predict, an instruction for the causal one); the document it serves must
+be valid OpenAPI 3.1 with the worker's real values, and schemathesis generates requests for every
+operation from it, with the inference key, positive and negative: every answer must be no 5xx, a
+status the document lists, a body matching its schema, and every 4xx a JSON body naming the field
+at fault. The
 worker is the same process at the end. About 200 examples per operation here; `make fuzz` sets
 EMBEDSERVE_FUZZ_EXAMPLES higher for a run of over 10,000 requests (docs/api.md lists what is
 not checked, and why)."""

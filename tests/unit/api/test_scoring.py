@@ -130,6 +130,20 @@ def test_a_structured_template_gets_structured_messages(rerankers, tmp_path):
     assert "Find it" in svc.preparer.chat_pairs.hf.decode(got[0].ids)
 
 
+def test_the_model_s_default_prompt_is_the_default_instruction(rerankers, tmp_path):
+    import shutil
+
+    model_dir = shutil.copytree(rerankers["qwen3"], tmp_path / "qwen3")
+    _edit(model_dir / "config_sentence_transformers.json",
+          lambda c: {**c, "prompts": {"web": "Find web pages about it"}, "default_prompt_name": "web"})
+    query, documents = PAIRS[1][0], [document for _, document in PAIRS]
+    want = reference_scores(model_dir, [(query, d) for d in documents])  # CrossEncoder applies its default prompt
+    status, answer = call(service(model_dir), "v2/rerank", {"query": query, "documents": documents})
+    got = {item["index"]: item["relevance_score"] for item in answer["results"]}
+    assert status == 200 and np.abs(np.array([got[i] for i in range(len(documents))]) - want).max() <= 1e-5
+    assert not np.allclose(want, reference_scores(model_dir, [(query, d) for d in documents], prompt=""))
+
+
 def test_a_pair_the_template_refuses_is_that_request_s_422(rerankers, tmp_path):
     import shutil
 
