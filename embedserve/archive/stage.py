@@ -1,8 +1,8 @@
 """Copy a Hugging Face model folder into a staging folder with safetensors weights only.
 
-What is copied: config.json, tokenizer files and chat template, sentence-transformers description files, the
-weights, and each pipeline module's folder (its config.json and weights: a Dense or LayerNorm
-module has its own). Pickled weights (`pytorch_model.bin`) are converted to safetensors with
+What is copied: config.json, tokenizer files and the chat template, sentence-transformers
+description files, the weights, and each pipeline module's folder (its config.json and weights: a
+Dense or LayerNorm module has its own). Pickled weights (`pytorch_model.bin`) are converted to safetensors with
 `torch.load(weights_only=True)`, which refuses arbitrary objects; a checkpoint that needs
 more than tensors is refused. Nothing pickled is ever copied.
 """

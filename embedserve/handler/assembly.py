@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from transformers import AutoTokenizer
 
 from embedserve.handler.api.codec import ENCODING_FORMATS
 from embedserve.handler.api.prepare import RequestPreparer
@@ -75,7 +76,11 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     """The service's parts built from the model's files, cold: nothing embedded yet."""
     description = describe_model(model_dir).served_with(settings.pooling)
     set_parallelism(placement.device.type == "cuda")  # a GPU worker's host cores idle while it computes
-    tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case)
+    scoring = description.scoring
+    # A causal reranker's chat template needs the Hugging Face tokenizer itself: loaded once, for both.
+    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir) if scoring and scoring.chat else None
+    tokenizer = TextTokenizer(model_dir, lowercase=description.do_lower_case, hf_tokenizer=hf_tokenizer)
+    chat_pairs = ChatPairTokenizer(hf_tokenizer, scoring.chat) if hf_tokenizer is not None else None
     max_length = resolve_max_length(settings.max_length, description.max_seq_length,
                                     tokenizer.model_max_length, description.usable_positions)
     parts = ModelParts(
@@ -98,8 +103,6 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     dtype += f":{runs['layout']}"
     cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
                        identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(description.modules)}")
-    scoring = description.scoring
-    chat_pairs = ChatPairTokenizer(model_dir, scoring.chat) if scoring and scoring.chat else None
     preparer = RequestPreparer(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                                max_length=max_length, prompts=description.prompts, default_prompt=default_prompt,
                                include_prompt=encoder.pooling.include_prompt, chat_pairs=chat_pairs)

@@ -140,13 +140,13 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     own_head = bool(scoring and scoring.own_head)
     if own_head:  # the model's own head gives the logits: no pooling, no sentence-transformers head
         head, dimension, modes = None, len(scoring.labels), ()
-    elif scoring:  # a causal reranker: its LogitScore over the last token's state (its pooling)
-        head, dimension = logit_score_head(model_dir, scoring.logit_score, placement.device), 1
-        modes = parts.pooling.modes
     else:
-        width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(parts.pooling.modes)
-        head, dimension = load_head(model_dir, parts.head, width, placement.device)
         modes = parts.pooling.modes
+        if scoring:  # a causal reranker: its LogitScore over the last token's state (its pooling)
+            head, dimension = logit_score_head(model_dir, scoring.logit_score, placement.device), 1
+        else:
+            width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(modes)
+            head, dimension = load_head(model_dir, parts.head, width, placement.device)
     padded_parts = dict(modes=modes, head=head, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
                         device=placement.device, segments=bool(scoring and scoring.segments))
     if engine in ("onnxruntime", "openvino"):

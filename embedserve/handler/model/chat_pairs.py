@@ -17,11 +17,10 @@ with CrossEncoder.predict's and refuses a model whose rendering differs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 from jinja2 import TemplateError
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerBase
 
 from embedserve.handler.model.files import ChatFormat, ModelFilesError
 from embedserve.handler.model.tokenization import Tokenized
@@ -36,12 +35,12 @@ class ChatTemplateError(ValueError):
 
 
 class ChatPairTokenizer:
-    def __init__(self, model_dir: str | Path, chat: ChatFormat):
-        self.hf = AutoTokenizer.from_pretrained(model_dir)
+    def __init__(self, hf_tokenizer: PreTrainedTokenizerBase, chat: ChatFormat):
+        """`hf_tokenizer`: the model's Hugging Face tokenizer (shared with TextTokenizer, loaded once)."""
+        self.hf = hf_tokenizer
         if not getattr(self.hf, "chat_template", None):
-            raise ModelFilesError(f"{model_dir} has no chat template: a causal reranker's pairs are rendered by it")
-        # Renders are measured and cut here, never by the tokenizer: no "longer than the maximum" warning.
-        self.hf.model_max_length = 10**30
+            raise ModelFilesError(f"{hf_tokenizer.name_or_path} has no chat template: a causal reranker's pairs are "
+                                  "rendered by it")
         self.chat = chat
         self.template_kwargs: dict[str, Any] = dict(chat.template_kwargs)
         self._suffixes: dict[str, list[int]] = {}  # by instruction: the template's closing tokens
@@ -76,8 +75,10 @@ class ChatPairTokenizer:
         if not conversations:
             return []
         try:
+            # Renders are measured and cut here, never by the tokenizer: no "longer than the maximum" warning.
             out = self.hf.apply_chat_template(conversations, tokenize=True, return_dict=True, padding=False,
-                                              truncation=False, **self.template_kwargs)
+                                              truncation=False, tokenizer_kwargs={"verbose": False},
+                                              **self.template_kwargs)
         except TemplateError as err:
             raise ChatTemplateError(str(err)) from None
         return [list(ids) for ids in out["input_ids"]]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tokenizers import Tokenizer, normalizers
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from embedserve.handler.model.files import ModelFilesError
 
@@ -41,8 +41,11 @@ class Tokenized:
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path, lowercase: bool = False):
-        hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    def __init__(self, model_dir: str | Path, lowercase: bool = False,
+                 hf_tokenizer: PreTrainedTokenizerBase | None = None):
+        """`hf_tokenizer`: the folder's Hugging Face tokenizer where the caller has loaded it already."""
+        if hf_tokenizer is None:
+            hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
         backend = getattr(hf_tokenizer, "backend_tokenizer", None)
         if not isinstance(backend, Tokenizer):
             raise ModelFilesError(f"{model_dir} has no fast tokenizer (tokenizer.json)")
