@@ -15,7 +15,6 @@ hangs or kills its process cannot take the others' figures with it.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import sys
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from bench.gpu.correctness import compare
+from bench.gpu.engines import release
 from bench.gpu.report import GRAPHS_MAX_REL_ERROR
 from embedserve.handler.assembly import assemble
 from embedserve.handler.service import EmbeddingService
@@ -68,15 +68,24 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown modes {', '.join(sorted(unknown))}; known: {', '.join(modes)}")
         modes = {name: settings for name, settings in modes.items() if name in args.modes.split(",")}
-    with tempfile.TemporaryDirectory(prefix=f"family-{args.family}-") as scratch:
-        result = run(args.family, Path(scratch), cuda, args.texts, modes)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.family}.json").write_text(json.dumps(result, indent=2))
+    target = args.out / f"{args.family}.json"
+
+    def write(result: dict) -> None:  # after every mode: a later one may hang past the caller's limit
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(result, indent=2))
+        partial.replace(target)
+
+    with tempfile.TemporaryDirectory(prefix=f"family-{args.family}-") as scratch:
+        result = run(args.family, Path(scratch), cuda, args.texts, modes, write)
     print(summary(result))
     return 0 if result["ok"] else 1
 
 
-def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dict]) -> dict:
+def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dict],
+        write=lambda result: None) -> dict:
+    """The family's every mode; `write` gets the result so far after each (`complete`: false
+    until the last)."""
     device = "cuda" if cuda else "cpu"
     model_dir = make_family(family, scratch / family)
     # Mixed lengths, a few over the model's max length (cut, as served).
@@ -86,15 +95,20 @@ def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dic
     reference = reference_engine.encoder.embed(ids).vectors.numpy()
     del reference_engine
     rows, vectors = {}, {}
+    result = {"family": family, "device": device, "texts": len(texts), "tokens": sum(map(len, ids)),
+              "modes": rows, "ok": False, "complete": False}
     for name, settings in modes.items():
         rows[name], vectors[name] = mode(model_dir, device, settings, ids, reference)
         twin = EAGER_TWIN.get(name)
         if vectors[name] is not None and vectors.get(twin) is not None:
             against = compare(vectors[name], vectors[twin])
             rows[name][f"vs_{twin}"] = {key: against[key] for key in ("min_cosine", "max_rel_error")}
-        _release(cuda)
-    return {"family": family, "device": device, "texts": len(texts), "tokens": sum(map(len, ids)),
-            "modes": rows, "ok": all(_mode_ok(row) for row in rows.values())}
+        release(cuda)
+        result["ok"] = all(_mode_ok(row) for row in rows.values()) and len(rows) == len(modes)
+        write(result)
+    result["complete"] = True
+    write(result)
+    return result
 
 
 def _mode_ok(row: dict) -> bool:
@@ -159,11 +173,7 @@ def _engine(model_dir: Path, device: str, *, unpadded: bool = False, **settings)
     return engine, collect.lines[:40]
 
 
-def _release(cuda: bool) -> None:
-    gc.collect()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+
 
 
 def summary(result: dict) -> str:

@@ -1,33 +1,43 @@
 #!/usr/bin/env bash
 # The GPU path measured in one command, on a GPU machine without network (docs/gpu.md):
 #
-#   scripts/gpu_run.sh OUTDIR                           every step, under 10 minutes on one H100
+#   scripts/gpu_run.sh OUTDIR                           every step within one budget (400 s)
 #
 # It needs, besides the repository, what `make gpu-travel` puts in build/gpu/ (ignored by git, so
 # name it when copying): build/gpu/handler-wheels (orjson for the machine's Python) and
-# build/gpu/minilm-fp16 (all-MiniLM-L6-v2 in float16). It writes into OUTDIR, flat:
+# build/gpu/minilm-fp16 (all-MiniLM-L6-v2 in float16). The steps, in order of what matters most:
 #
-#   gpu_run.log         everything the steps printed, with each step's exit status and time
-#   steps.tsv           step, exit status (124/137: its time limit), seconds it took
-#   capture_probe.json  what an invalidated CUDA graph capture does (bench/gpu_capture_probe.py)
-#   families.json       every tested family in fp16 eager, fp16 graphs, fp16 packed with graphs
+#   prerequisites       the packages, the carried paths and the GPU, checked in the first seconds;
+#                       what is missing is named, and nothing else runs
+#   bench.gpu           the headline: every target of python -m bench.gpu (gpu.json, gpu.png)
+#   families            every tested family in fp16 eager, fp16 graphs, fp16 packed with graphs
 #                       and bf16 graphs (bench/gpu_families.py), one process per family
-#   gpu.json, gpu.png   python -m bench.gpu on the fp16 model copy, with the time left (gpu.png
-#                       only where matplotlib is installed: else `python -m bench.gpu --replot`)
+#   capture-probe       what an invalidated CUDA graph capture does (bench/gpu_capture_probe.py)
+#
+# It writes into OUTDIR, flat: gpu_run.log (everything printed, each step's exit status and
+# time), steps.tsv (step, exit status (124/137: its time limit), seconds), gpu.json and gpu.png
+# (gpu.png only where matplotlib is installed: else `python -m bench.gpu --replot`),
+# families.json and capture_probe.json. Each file is rewritten as its step goes, so a step cut by
+# its limit leaves what it measured. The steps share one budget: each gets at most what is left,
+# less what the steps after it are promised.
+#
+# Exit status: 0 when every step exited 0 (bench.gpu: every target got a value, met or not;
+# families: every family's every mode started and matched its reference); else 1, the failed
+# steps named at the end of the log.
 #
 # Without CUDA it runs the same steps in CPU mode (the probe then checks only the sync check's
-# call): what CI runs. Each step has a time limit; a step that fails or times out is logged and
-# the next one runs. Settings, from the environment:
+# call): what CI runs. Settings, from the environment:
 #
-#   GPU_RUN_SECONDS=560          the whole run's budget; bench.gpu gets what the steps before left
+#   GPU_RUN_SECONDS=400          the whole run's budget
 #   GPU_RUN_DEVICE=auto          auto, cuda or cpu, for every step
 #   GPU_RUN_FAMILIES="a b"       the families (default: every one of tests/support/model_families.py)
 #   GPU_RUN_FAMILY_MODES=a,b     the modes of each family (default: every mode of the device)
 #   GPU_RUN_FAMILY_TEXTS=96      texts per family
-#   GPU_RUN_FAMILY_SECONDS=180   each family's time limit (they run side by side)
+#   GPU_RUN_FAMILY_SECONDS=120   the families' time limit at most (they run side by side)
 #   GPU_RUN_JOBS=8               families at a time (2 in CPU mode)
 #   GPU_RUN_MODEL=DIR            bench.gpu's model (default build/gpu/minilm-fp16; `none`: its own)
 #   BENCH_GPU_ARGS="..."         more arguments for bench.gpu (--texts 64 --repeats 20 ...)
+#   BENCH_GPU_FAIL=a,b           bench.gpu sections to fail on purpose (the dry run of a failure)
 #   PY=python3                   the interpreter that holds PyTorch
 set -uo pipefail
 
@@ -35,22 +45,40 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${1:?usage: scripts/gpu_run.sh OUTDIR}
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
-BUDGET=${GPU_RUN_SECONDS:-560}
+BUDGET=${GPU_RUN_SECONDS:-400}
 DEVICE=${GPU_RUN_DEVICE:-auto}
 PY=${PY:-python3}
 MODEL=${GPU_RUN_MODEL:-build/gpu/minilm-fp16}
 FAMILY_TEXTS=${GPU_RUN_FAMILY_TEXTS:-96}
-FAMILY_SECONDS=${GPU_RUN_FAMILY_SECONDS:-180}
-PROBE_SECONDS=120
-# The model is carried, never downloaded: a pip without network would otherwise retry for minutes.
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PIP_RETRIES=0 PIP_TIMEOUT=5
+FAMILY_SECONDS=${GPU_RUN_FAMILY_SECONDS:-120}
+# What each later step is promised of the budget when an earlier one takes its limit.
+FAMILIES_RESERVE=90
+PROBE_RESERVE=40
+# The model is carried, never downloaded: hub lookups off (a machine without network would
+# otherwise wait on them). The tokenizer's threads are left as a served worker has them: the
+# handler turns the pool on for a GPU worker (bench.gpu records what ran).
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_RETRIES=0 PIP_TIMEOUT=5
 
 elapsed() { echo $((SECONDS - START)); }
 
-step() {  # NAME LIMIT CMD...: run CMD under a time limit; log and record how it ended, never fail
+left() {  # seconds of the budget left, less RESERVE
+    echo $((BUDGET - $(elapsed) - ${1:-0}))
+}
+
+step() {  # NAME LIMIT CMD...: run CMD under a time limit; log and record how it ended
     local name=$1 limit=$2
     shift 2
-    here "$name" "(limit ${limit}s)" timeout --kill-after=10 "$limit" "$@"
+    if ((limit < 10)); then
+        skip "$name" "$limit"
+    else
+        here "$name" "(limit ${limit}s)" timeout --kill-after=10 "$limit" "$@"
+    fi
+}
+
+skip() {  # NAME SECONDS: a step the budget has no room for
+    echo "== $1 skipped: $2s left of the ${BUDGET}s budget"
+    printf '%s\tskipped\t0\n' "$1" >> "$OUT/steps.tsv"
+    FAILED+=("$1 (skipped: out of budget)")
 }
 
 here() {  # NAME NOTE CMD...: run CMD (a function of this shell too); log and record how it ended
@@ -61,7 +89,8 @@ here() {  # NAME NOTE CMD...: run CMD (a function of this shell too); log and re
     rc=$?
     echo "== $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (time limit)') in $((SECONDS - began))s"
     printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - began))" >> "$OUT/steps.tsv"
-    return 0
+    ((rc == 0)) || FAILED+=("$name (exit $rc)")
+    return "$rc"
 }
 
 install_wheels() {  # the carried wheels, apart from the machine's own packages
@@ -71,7 +100,7 @@ install_wheels() {  # the carried wheels, apart from the machine's own packages
         return 0
     fi
     if ! compgen -G "build/gpu/handler-wheels/*.whl" > /dev/null; then
-        echo "no orjson and no build/gpu/handler-wheels: make gpu-travel, and carry build/gpu/handler-wheels"
+        echo "MISSING: orjson, and no build/gpu/handler-wheels: make gpu-travel, and carry build/gpu/handler-wheels"
         return 1
     fi
     site=$SCRATCH/site
@@ -83,39 +112,65 @@ install_wheels() {  # the carried wheels, apart from the machine's own packages
         "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
             "$site" build/gpu/handler-wheels/*.whl || return 1
     fi
-    timeout 60 "$PY" -c 'import orjson; print("orjson", orjson.__version__, "from", orjson.__file__)'
 }
 
-versions() {  # what every figure below was measured with
-    timeout --kill-after=10 120 "$PY" - "$DEVICE" <<'EOF'
-import platform, sys
-import torch
-cuda = sys.argv[1] == "cuda" or (sys.argv[1] == "auto" and torch.cuda.is_available())
-print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})")
-for name in ("transformers", "sentence_transformers", "tokenizers", "safetensors", "onnxruntime", "orjson",
-             "matplotlib"):
+prerequisites() {  # everything the steps need, named when missing, before any of them runs
+    install_wheels || return 1
+    if [[ $MODEL != none && ! -f $MODEL/config.json ]]; then
+        echo "MISSING: $MODEL (make gpu-travel, and carry build/gpu/minilm-fp16; GPU_RUN_MODEL=none uses a random model)"
+        return 1
+    fi
+    timeout --kill-after=10 90 "$PY" - "$DEVICE" <<'EOF'
+import importlib, platform, sys
+
+missing = []
+versions = {}
+for name in ("torch", "transformers", "sentence_transformers", "tokenizers", "safetensors", "numpy", "orjson",
+             "matplotlib", "onnxruntime"):
     try:
-        print(f"{name} {__import__(name).__version__}")
+        versions[name] = importlib.import_module(name).__version__
     except Exception as err:
-        print(f"{name}: {type(err).__name__}: {err}")
+        versions[name] = f"{type(err).__name__}: {err}"
+        if name not in ("matplotlib", "onnxruntime"):  # the plot can be drawn later (--replot); ONNX is CPU only
+            missing.append(name)
+print(f"python {platform.python_version()}", *(f"{k} {v}" for k, v in versions.items()), sep="\n  ")
+try:
+    import embedserve.handler.assembly  # the handler's own imports
+    import bench.gpu.__main__, bench.gpu_families, bench.gpu_capture_probe  # and the steps'
+except Exception as err:
+    missing.append(f"the handler's or the benchmark's imports ({type(err).__name__}: {err})")
+import torch
+
+asked = sys.argv[1]
+cuda = asked == "cuda" or (asked == "auto" and torch.cuda.is_available())
 if cuda:
-    p = torch.cuda.get_device_properties(0)
-    print(f"GPU {p.name}, capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB, "
-          f"{p.multi_processor_count} SMs; cuDNN {torch.backends.cudnn.version()}")
+    try:
+        p = torch.cuda.get_device_properties(0)
+        x = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+        assert torch.isfinite((x @ x).float()).all().item()  # the GPU runs a kernel
+        print(f"GPU {p.name}, capability {p.major}.{p.minor}, {p.total_memory / 2**30:.1f} GiB, "
+              f"{p.multi_processor_count} SMs; CUDA {torch.version.cuda}; cuDNN {torch.backends.cudnn.version()}")
+    except Exception as err:
+        missing.append(f"a working GPU ({type(err).__name__}: {err})")
+elif asked == "cuda":
+    missing.append("CUDA (GPU_RUN_DEVICE=cuda)")
 else:
-    print("CPU mode:", "CUDA not asked for" if sys.argv[1] == "cpu" else "no CUDA device")
-import embedserve.handler.assembly  # the handler's own imports (orjson among them)
-print("handler imports: ok")
+    print("CPU mode:", "CUDA not asked for" if asked == "cpu" else "no CUDA device")
+if missing:
+    print("MISSING:", "; ".join(missing))
+    sys.exit(1)
+print("every prerequisite is here")
 EOF
     local rc=$?
     if [[ $DEVICE != cpu ]] && command -v nvidia-smi > /dev/null; then
-        timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.max.sm --format=csv
+        timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.max.sm,utilization.gpu \
+            --format=csv
     fi
     return "$rc"
 }
 
-families() {  # every family in its own process, side by side, each under its own limit
-    local folder=$1 list parallel
+families() {  # FOLDER LIMIT: every family in its own process, side by side, all within LIMIT seconds
+    local folder=$1 limit=$2 began=$SECONDS list parallel remaining
     list=${GPU_RUN_FAMILIES:-$("$PY" -c 'import ast
 tree = ast.parse(open("tests/support/model_families.py").read())
 print(*next(ast.literal_eval(n.value) for n in tree.body
@@ -124,12 +179,19 @@ print(*next(ast.literal_eval(n.value) for n in tree.body
     echo "families: $list ($parallel at a time, ${FAMILY_TEXTS} texts each)"
     for family in $list; do
         while (( $(jobs -rp | wc -l) >= parallel )); do wait -n; done
+        remaining=$((limit - (SECONDS - began)))
+        if ((remaining < 10)); then  # (timeout 0 would mean no limit at all)
+            echo "not started: the families' ${limit}s were spent" > "$folder/$family.log"
+            echo "skipped 0" > "$folder/$family.rc"
+            continue
+        fi
         (
-            began=$SECONDS
-            timeout --kill-after=10 "$FAMILY_SECONDS" "$PY" -m bench.gpu_families "$family" --out "$folder" \
-                --device "$DEVICE" --texts "$FAMILY_TEXTS" ${GPU_RUN_FAMILY_MODES:+--modes "$GPU_RUN_FAMILY_MODES"} \
-                > "$folder/$family.log" 2>&1
-            printf '%s %s\n' "$?" "$((SECONDS - began))" > "$folder/$family.rc"
+            started=$SECONDS
+            # Each family writes its file after every mode: one stopped here keeps what it finished.
+            timeout --kill-after=5 "$remaining" "$PY" -m bench.gpu_families "$family" \
+                --out "$folder" --device "$DEVICE" --texts "$FAMILY_TEXTS" \
+                ${GPU_RUN_FAMILY_MODES:+--modes "$GPU_RUN_FAMILY_MODES"} > "$folder/$family.log" 2>&1
+            printf '%s %s\n' "$?" "$((SECONDS - started))" > "$folder/$family.rc"
         ) &
     done
     wait
@@ -145,7 +207,7 @@ rows = {}
 for log in sorted(folder.glob("*.log")):
     rc, seconds = (log.with_suffix(".rc").read_text().split() + ["?", "?"])[:2]
     figures = log.with_suffix(".json")
-    # A family that wrote no figures died or hung: the tail of its log says how.
+    # A family that wrote no figures died or hung before its first mode: its log's tail says how.
     rows[log.stem] = json.loads(figures.read_text()) if figures.is_file() else {"ok": False,
                                                                                  "died": log.read_text()[-3000:]}
     rows[log.stem].update(exit_code=int(rc) if rc.lstrip("-").isdigit() else rc, seconds=seconds)
@@ -166,46 +228,52 @@ except (OSError, ValueError) as err:
 print(f"gpu.json: complete {report.get('complete')}, {report.get('duration_s')} s, "
       f"errors in: {', '.join(report.get('errors', {})) or 'none'}")
 for row in report.get("targets", []):
-    state = {True: "met", False: "MISSED", None: "n/a"}[row["met"]]
-    print(f"  {state:6} {row['target']}: {json.dumps(row['measured'])} (goal {row['goal']})")
+    state = {True: "met", False: "MISSED", None: "n/a" if not row["applicable"] else "NO VALUE"}[row["met"]]
+    reason = f" [{row['reason']}]" if row.get("reason") else ""
+    print(f"  {state:8} {row['target']}: {json.dumps(row['measured'])} (goal {row['goal']}){reason}")
 EOF
 }
 
 main() {
     START=$SECONDS
+    FAILED=()
     SCRATCH=$(mktemp -d /tmp/gpu-run.XXXXXX) || return 1
     trap 'rm -rf "$SCRATCH"' EXIT
     : > "$OUT/steps.tsv"
     echo "== gpu_run into $OUT, budget ${BUDGET}s, $(date -u '+%Y-%m-%d %H:%M:%S') UTC, $(hostname)"
-    # Functions of this shell (wheels sets PYTHONPATH for every later step); their commands have limits.
-    here wheels "(local files, no limit)" install_wheels
     CUDA=$(timeout 120 "$PY" -c "import sys, torch; d = sys.argv[1]; print(int(d == 'cuda' or (d == 'auto' and torch.cuda.is_available())))" \
         "$DEVICE" 2> /dev/null || echo 0)
     [[ $CUDA == 1 && $DEVICE == auto ]] && DEVICE=cuda
-    [[ $CUDA == 0 ]] && DEVICE=cpu
-    here versions "(limit 120s)" versions
-    step capture-probe "$PROBE_SECONDS" "$PY" -m bench.gpu_capture_probe --out "$OUT" --device "$DEVICE"
-
-    mkdir -p "$SCRATCH/families"
-    here families "(limit ${FAMILY_SECONDS}s each)" families "$SCRATCH/families"
-
-    local args=(--out "$OUT" --device "$DEVICE") left
-    if [[ $MODEL != none && -d $MODEL ]]; then
-        args+=(--model "$MODEL")
-    elif [[ $MODEL != none ]]; then
-        echo "no $MODEL: bench.gpu picks its own model (make gpu-travel, and carry build/gpu/minilm-fp16)"
+    [[ $CUDA == 0 && $DEVICE == auto ]] && DEVICE=cpu
+    # A function of this shell: the wheels put on PYTHONPATH serve every later step.
+    if ! here prerequisites "(limit 90s)" prerequisites; then
+        echo "== gpu_run stopped: a prerequisite is missing (the MISSING line above)"
+        return 1
     fi
-    # What is left, less the kill's grace and the summary.
-    left=$((BUDGET - $(elapsed) - 20))
-    if (( left < 60 )); then
-        echo "== bench.gpu skipped: ${left}s left of the ${BUDGET}s budget"
-        printf 'bench.gpu\tskipped\t0\n' >> "$OUT/steps.tsv"
-    else
-        # shellcheck disable=SC2086  # BENCH_GPU_ARGS is a list of arguments
-        step bench.gpu "$left" "$PY" -m bench.gpu "${args[@]}" ${BENCH_GPU_ARGS:-}
-    fi
+
+    local args=(--out "$OUT" --device "$DEVICE")
+    [[ $MODEL != none ]] && args+=(--model "$MODEL")
+    # shellcheck disable=SC2086  # BENCH_GPU_ARGS is a list of arguments
+    step bench.gpu "$(left $((FAMILIES_RESERVE + PROBE_RESERVE)))" "$PY" -m bench.gpu "${args[@]}" ${BENCH_GPU_ARGS:-}
     summary
-    echo "== gpu_run done in $(elapsed)s; in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+
+    local limit
+    limit=$(left "$PROBE_RESERVE")
+    ((limit > FAMILY_SECONDS)) && limit=$FAMILY_SECONDS
+    mkdir -p "$SCRATCH/families"
+    if ((limit < 10)); then
+        skip families "$limit"
+    else  # a function of this shell: each family's process has its own limit within this one
+        here families "(limit ${limit}s)" families "$SCRATCH/families" "$limit"
+    fi
+
+    step capture-probe "$(left 5)" "$PY" -m bench.gpu_capture_probe --out "$OUT" --device "$DEVICE"
+
+    echo "== gpu_run done in $(elapsed)s of ${BUDGET}s; in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+    if ((${#FAILED[@]})); then
+        echo "== steps that did not succeed: ${FAILED[*]}"
+        return 1
+    fi
     return 0
 }
 

@@ -33,21 +33,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from embedserve.archive.corpus import mixed_corpus
 from bench.gpu.common import TORCHSERVE_BATCH, mode_name, progress
-from bench.gpu.correctness import adversarial, correctness
+from bench.gpu.correctness import adversarial, compare, embed_batches, mode_correctness
 from bench.gpu.engines import Bench, PeakMemory, mib, release
-from bench.gpu.environment import environment, peak_flops
+from bench.gpu.environment import environment, peak_flops, sdpa_runs, tokenizer_threads
 from bench.gpu.models import default_model, describe, pick_models, write_fp16_copy
 from bench.gpu.report import check_targets, checkpointer, plot, write_atomically
 from bench.gpu.speed import handle, latency, packed_against_padded, saturation
@@ -109,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     report = args.out / "gpu.json"
     report.unlink(missing_ok=True)  # no figures of an earlier run under this run's name
     checkpoint = checkpointer(report, started)
-    with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch, PeakMemory(torch.cuda if cuda else None) as memory:
-        results = run(Path(scratch), args.model, cuda, plan, overrides, memory, checkpoint)
-    results["duration_s"] = round(time.perf_counter() - started, 1)
     try:
-        results["targets"] = check_targets(results)
-    except Exception:  # a section is missing (see errors): the figures still count
-        results["targets"] = []
-        results.setdefault("errors", {})["targets"] = traceback.format_exc()[-4000:]
+        with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch, \
+                PeakMemory(torch.cuda if cuda else None) as memory:
+            results = run(Path(scratch), args.model, cuda, plan, overrides, memory, checkpoint)
+    except Exception:  # outside every section: what the last checkpoint holds still counts
+        traceback.print_exc()
+        results = json.loads(report.read_text()) if report.is_file() else {"device": "cuda" if cuda else "cpu"}
+        results.setdefault("errors", {})["run"] = traceback.format_exc()[-4000:]
+    results["duration_s"] = round(time.perf_counter() - started, 1)
+    results["targets"] = check_targets(results)
     results["complete"] = True
     write_atomically(report, json.dumps(results, indent=2))
     wrote = [report]
@@ -125,19 +128,24 @@ def main(argv: list[str] | None = None) -> int:
         wrote.append(args.out / "gpu.png")
     except ImportError as err:  # matplotlib is in the bench extras only: python -m bench.gpu --replot later
         print(f"no plot ({err})", file=sys.stderr)
-    except Exception as err:  # a missing section; gpu.json holds what there is
-        print(f"no plot ({type(err).__name__}: {err})", file=sys.stderr)
     print(json.dumps(results["targets"], indent=2))
     if "errors" in results:
         print(f"sections that failed: {', '.join(results['errors'])}", file=sys.stderr)
     print(f"wrote {' and '.join(map(str, wrote))} in {results['duration_s']} s", file=sys.stderr)
-    return 0
+    # The status says whether every figure came back, not whether it met its goal (gpu.json says).
+    unmeasured = [row["target"] for row in results["targets"] if row["applicable"] and row["measured"] is None]
+    for name in unmeasured:
+        print(f"no value: {name}", file=sys.stderr)
+    return 1 if unmeasured else 0
 
 
 def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: dict, memory: PeakMemory,
         checkpoint=lambda results: None) -> dict:
-    """Every section in order, the minilm model's then the BERT-base-sized one's; `checkpoint` gets
-    the results after each section."""
+    """Every section in order, the headline first: the served mode's speed against
+    sentence-transformers, then correctness, latency, packed passes, the handler's cost, and the
+    BERT-base-sized model. Every engine start, capture and check is a section of its own: one
+    that fails records its error, and whatever does not depend on it still runs. `checkpoint`
+    gets the results after each section."""
     device = "cuda" if cuda else "cpu"
     primary_dtype = "float16" if cuda else "float32"
     # The modes checked for correctness: (dtype, CUDA graphs).
@@ -153,100 +161,144 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
         "models": {role: describe(*model) for role, model in models.items()},
         "engines": {},
         "memory_mib": {},
+        "correctness": {"modes": {}, "adversarial": {}},
+        "saturation": {},
+        "handle": {},
     }
-    bench = Bench(device, overrides, results["engines"], memory)
-    checkpoint(results)
-    primary = models["minilm"][0]
-    corpus = mixed_corpus(primary / "tokenizer.json", max(plan.texts, plan.saturation_texts))
-    texts = corpus[: plan.texts]
-
-    progress(f"{models['minilm'][1]}: fp32 reference, one text at a time ...")
-    minilm_memory = memory.open()
-    reference_engine = bench.engine("reference_float32", primary, dtype="float32", max_batch_size=1, unpadded=True,
-                                    warmup=False)
-    reference = reference_engine.encoder.embed(reference_engine.preparer.token_ids(texts)).vectors.numpy()
-    engines = {}
-    for dtype, graphs in modes:
-        name = mode_name(dtype, graphs)
-        progress(f"{models['minilm'][1]}: {name} ...")
-        engines[name] = bench.engine(name, primary, dtype=dtype, cuda_graphs=graphs)
+    section = Sections(results, checkpoint)
     if cuda:
-        eager_startup = results["engines"][mode_name("float16", False)]["startup_s"]
-        graphs_row = results["engines"][mode_name("float16", True)]
-        # Capture happens while the engine loads: its start-up less the eager engine's.
-        graphs_row["graph_capture_s"] = round(graphs_row["startup_s"] - eager_startup, 3)
-        # Every pass of this one runs in its single large bucket: few rows among many padding rows.
-        engines["float16_graphs_large_bucket"] = bench.engine(
-            "float16_graphs_large_bucket", primary, dtype="float16", cuda_graphs=True,
-            cuda_graph_batches=[64], cuda_graph_lengths=[256])
+        results["environment"]["sdpa_runs"] = section("environment.sdpa_runs", sdpa_runs)
+    results["peak_flops"] = section("peak_flops", peak_flops, cuda)
+    bench = Bench(device, overrides, results["engines"], memory)
+    primary, name_of_primary = models["minilm"][:2]
+    corpus = mixed_corpus(primary / "tokenizer.json", max(plan.texts, plan.saturation_texts))
+    texts, saturation_texts = corpus[: plan.texts], corpus[: plan.saturation_texts]
+    engines: dict = {}
 
-    for name in packed_names:
-        progress(f"{models['minilm'][1]}: {name} ...")
-        engines[name] = bench.engine(name, primary, dtype=primary_dtype, packed=True,
-                                     cuda_graphs=name.endswith("_graphs"))
-        info = engines[name].info()
-        results["engines"][name].update(layout=info["layout"], attention=info["attention"])
-    if cuda:  # as for padded graphs: the capture is the start-up less the eager engine's
-        packed_eager, packed_graphs = (results["engines"][name] for name in packed_names)
-        packed_graphs["graph_capture_s"] = round(packed_graphs["startup_s"] - packed_eager["startup_s"], 3)
-    results["correctness"] = correctness(engines, [mode_name(*m) for m in modes] + packed_names, texts, reference)
-    checkpoint(results)
+    def absent(*names: str) -> list[str]:  # the engines a section needs that did not start
+        return [name for name in names if name not in engines]
+
+    def start(name: str, folder: Path = primary, **settings) -> None:
+        progress(f"{name_of_primary}: {name} ...")
+        engine = section(f"engine.{name}", bench.engine, name, folder, **settings)
+        if engine is not None:
+            engines[name] = engine
+
     eager, graphs = mode_name(primary_dtype, False), mode_name("float16", True)
+    minilm_memory = memory.open()
+    start(eager, dtype=primary_dtype)
+    results["environment"]["tokenizer_threads"] = tokenizer_threads()
+    progress("saturation ...")
+    minilm = section("saturation.minilm", lambda: saturation(
+        engines[eager], primary, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"]),
+        missing=absent(eager))
+    if minilm is not None:
+        st_vectors = minilm.pop("sentence_transformers_vectors")
+        results["saturation"]["minilm"] = minilm
+
+    progress(f"{name_of_primary}: fp32 reference, one text at a time ...")
+    start("reference_float32", dtype="float32", max_batch_size=1, unpadded=True, warmup=False)
+    reference = section("reference", lambda: embed_batches(engines["reference_float32"], texts, batch=len(texts)),
+                        missing=absent("reference_float32"))
+    if reference is not None and minilm is not None:  # sentence-transformers' own vectors: the same texts first
+        shared = min(len(st_vectors), len(reference))
+        minilm["sentence_transformers_vs_reference"] = compare(st_vectors[:shared], reference[:shared])
+    for dtype, use_graphs in modes:
+        if mode_name(dtype, use_graphs) != eager:
+            start(mode_name(dtype, use_graphs), dtype=dtype, cuda_graphs=use_graphs)
+    if cuda:  # every pass of this one runs in its single large bucket: few rows among many padding rows
+        start("float16_graphs_large_bucket", dtype="float16", cuda_graphs=True, cuda_graph_batches=[64],
+              cuda_graph_lengths=[256])
+    for name in packed_names:
+        start(name, dtype=primary_dtype, packed=True, cuda_graphs=name.endswith("_graphs"))
+        if name in engines:
+            info = engines[name].info()
+            results["engines"][name].update(layout=info["layout"], attention=info["attention"])
+    # Capture happens while an engine loads: its start-up less its eager twin's.
+    for captured, twin in ((graphs, eager), *([packed_names[::-1]] if cuda else [])):
+        if captured in results["engines"] and twin in results["engines"]:
+            row = results["engines"][captured]
+            row["graph_capture_s"] = round(row["startup_s"] - results["engines"][twin]["startup_s"], 3)
+
+    vectors: dict = {}
+    for name in [mode_name(*m) for m in modes] + packed_names:  # each eager twin before its graphs
+        row = section(f"correctness.{name}", lambda: mode_correctness(engines[name], name, texts, reference, vectors),
+                      missing=absent(name) + ([] if reference is not None else ["reference"]))
+        if row is not None:
+            results["correctness"]["modes"][name] = row
     adversarial_engines = {name: engines[name] for name in (eager, graphs, "float16_graphs_large_bucket",
                                                             *packed_names) if name in engines}
-    # From here on each section stands alone: one that fails leaves its error and the next runs.
-    with _section(results, "adversarial", checkpoint):
-        results["correctness"]["adversarial"] = adversarial(adversarial_engines, reference_engine, primary)
+    section("correctness.adversarial", lambda: adversarial(
+        adversarial_engines, engines["reference_float32"], primary, results["correctness"]["adversarial"], section),
+        missing=absent("reference_float32"))
 
     progress("batch-1 latency ...")
-    latency_engines = {"eager": engines[eager], **({"graphs": engines[graphs]} if cuda else {})}
-    with _section(results, "latency", checkpoint):
-        results["latency"] = latency(latency_engines, primary, plan.repeats, cuda)
-
-    progress("saturation ...")
-    saturation_texts = corpus[: plan.saturation_texts]
-    with _section(results, "peak_flops", checkpoint):
-        results["peak_flops"] = peak_flops(cuda)
-    with _section(results, "saturation_minilm", checkpoint):
-        results.setdefault("saturation", {})["minilm"] = saturation(
-            engines[eager], primary, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"],
-            reference)
+    latency_engines = {label: engines[name] for label, name in (("eager", eager), ("graphs", graphs))
+                       if name in engines and (cuda or label == "eager")}
+    results["latency"] = section("latency", latency, latency_engines, primary, plan.repeats, cuda,
+                                 missing=absent(eager))
     progress("packed against padded passes ...")
     padded = {name: engines[name] for name in (eager, graphs) if name in engines}
-    with _section(results, "packed", checkpoint):
-        results["packed"] = packed_against_padded({name.replace(f"{primary_dtype}_", "", 1): engines[name]
-                                                   for name in packed_names}, padded, saturation_texts, plan.best_of)
+    packed = {name.replace(f"{primary_dtype}_", "", 1): engines[name] for name in packed_names if name in engines}
+    results["packed"] = section("packed", packed_against_padded, packed, padded, saturation_texts, plan.best_of,
+                                missing=absent(eager, packed_names[0]))
     progress("the engine's handle on TorchServe batches ...")
-    with _section(results, "handle", checkpoint):
-        results["handle"] = {name: handle(engines[name], saturation_texts) for name in [eager, graphs]
-                             if name in engines}
+    for name in (eager, graphs):
+        row = section(f"handle.{name}", handle, engines[name], saturation_texts) if name in engines else None
+        if row is not None:
+            results["handle"][name] = row
     results["memory_mib"]["minilm"] = mib(memory.close(minilm_memory))
-    del reference_engine, engines, adversarial_engines, latency_engines
+    for held in (engines, adversarial_engines, latency_engines, padded, packed):
+        held.clear()
     release(cuda)
 
     second = models["bert_base"][0]
     progress(f"{models['bert_base'][1]}: saturation ...")
     bert_memory = memory.open()
-    with _section(results, "saturation_bert_base", checkpoint):
-        engine = bench.engine(f"bert_base_{primary_dtype}_eager", second, dtype=primary_dtype)
-        results.setdefault("saturation", {})["bert_base"] = saturation(
-            engine, second, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"])
-        del engine
+    bert_name = f"bert_base_{primary_dtype}_eager"
+    engine = section(f"engine.{bert_name}", bench.engine, bert_name, second, dtype=primary_dtype)
+    bert = section("saturation.bert_base", lambda: saturation(
+        engine, second, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"]),
+        missing=[] if engine is not None else [bert_name])
+    if bert is not None:
+        del bert["sentence_transformers_vectors"]
+        results["saturation"]["bert_base"] = bert
+    del engine
     results["memory_mib"]["bert_base"] = mib(memory.close(bert_memory))
     release(cuda)
     return results
 
 
-@contextmanager
-def _section(results: dict, name: str, checkpoint) -> object:
-    """Run the block; an exception in it is recorded under results["errors"][name], not raised
-    (a GPU machine is lent rarely: the other sections' figures must still come back)."""
-    try:
-        yield
-    except Exception as err:
-        progress(f"{name} failed: {type(err).__name__}: {err}")
-        results.setdefault("errors", {})[name] = traceback.format_exc()[-4000:]
-    checkpoint(results)
+class Sections:
+    """`section(name, work, *args, missing=[...], **kwargs)` returns work(*args, **kwargs), or None
+    with the error recorded under results["errors"][name]: never raised (a GPU machine is lent
+    rarely: the other sections' figures must still come back). `missing` names what the work
+    needs that an earlier section failed to make: the work is then skipped, with that reason.
+    The results are checkpointed after each section. BENCH_GPU_FAIL=name[,name...] makes those
+    sections fail on purpose without running (the dry run of a failure)."""
+
+    def __init__(self, results: dict, checkpoint):
+        self.results = results
+        self.checkpoint = checkpoint
+        self.forced = {name.strip() for name in os.environ.get("BENCH_GPU_FAIL", "").split(",") if name.strip()}
+
+    def __call__(self, name: str, work: Callable, *args, missing: list[str] = (), **kwargs):
+        try:
+            if missing:
+                return self._record(name, f"skipped: needs {', '.join(missing)}, which failed")
+            if name in self.forced:
+                return self._record(name, "forced failure (BENCH_GPU_FAIL)")
+            return work(*args, **kwargs)
+        except Exception as err:
+            progress(f"{name} failed: {type(err).__name__}: {err}")
+            return self._record(name, traceback.format_exc()[-4000:])
+        finally:
+            self.checkpoint(self.results)
+
+    def _record(self, name: str, error: str) -> None:
+        if len(error) < 200:
+            progress(f"{name}: {error}")
+        self.results.setdefault("errors", {})[name] = error
 
 
 def _setting(item: str) -> tuple[str, object]:

@@ -13,24 +13,22 @@ from bench.gpu.common import TORCHSERVE_BATCH
 from embedserve.handler.service import EmbeddingService
 
 
-def correctness(engines: dict[str, EmbeddingService], modes: list[str], texts: list[str],
-                reference: np.ndarray) -> dict:
-    """Each mode's vectors for the corpus, embedded in TorchServe-sized batches, against the
-    reference; graphs also against eager at the same dtype."""
-    vectors, rows = {}, {}
-    for name in modes:
-        engine = engines[name]
-        before = _graph_counts(engine)
-        vectors[name] = embed_batches(engine, texts)
-        rows[name] = compare(vectors[name], reference)
-        after = _graph_counts(engine)
-        if after is not None:
-            rows[name]["graph_replays"] = after[0] - before[0]
-            rows[name]["eager_passes"] = after[1] - before[1]
-            eager = _eager_twin(name, vectors)
-            if eager is not None:
-                rows[name]["vs_eager"] = compare(vectors[name], vectors[eager])
-    return {"texts": len(texts), "batch": TORCHSERVE_BATCH, "modes": rows}
+def mode_correctness(engine: EmbeddingService, name: str, texts: list[str], reference: np.ndarray,
+                     vectors: dict[str, np.ndarray]) -> dict:
+    """One mode's vectors for the corpus, embedded in TorchServe-sized batches, against the
+    reference; graphs also against eager at the same dtype (its vectors from `vectors`, where this
+    mode's are added: so run each eager twin before its graphs)."""
+    before = _graph_counts(engine)
+    vectors[name] = embed_batches(engine, texts)
+    row = {"texts": len(texts), "batch": TORCHSERVE_BATCH, **compare(vectors[name], reference)}
+    after = _graph_counts(engine)
+    if after is not None:
+        row["graph_replays"] = after[0] - before[0]
+        row["eager_passes"] = after[1] - before[1]
+        eager = _eager_twin(name, vectors)
+        if eager is not None:
+            row["vs_eager"] = compare(vectors[name], vectors[eager])
+    return row
 
 
 def embed_batches(engine: EmbeddingService, texts: list[str], batch: int = TORCHSERVE_BATCH) -> np.ndarray:
@@ -60,11 +58,13 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-30)
 
 
-def adversarial(engines: dict[str, EmbeddingService], reference: EmbeddingService, model_dir: Path) -> dict:
+def adversarial(engines: dict[str, EmbeddingService], reference: EmbeddingService, model_dir: Path,
+                results: dict, section) -> None:
     """Shapes where graph replay could go wrong, each against the one-text reference and, for
     graphs, against the same passes run eagerly: padding rows beside one real row, the extremes
     of length in one pass, a small bucket replayed after a large one, and distinct inputs that
-    must stay distinct. Engines are run in order: each eager twin before its graphs."""
+    must stay distinct. Engines are run in order: each eager twin before its graphs. Each case
+    goes into `results` as it is done; each engine's run of a case is a `section` of its own."""
     tokenizer = load_tokenizer(Path(model_dir) / "tokenizer.json")
     words, rng = vocabulary_words(tokenizer), random.Random(7)
     longest = min(256, reference.preparer.max_length)
@@ -79,25 +79,35 @@ def adversarial(engines: dict[str, EmbeddingService], reference: EmbeddingServic
         "small_large_small_replays": [[small], [large], [small]],
         "distinct_inputs": [[text(n) for n in (5, 9, 14, 20, 27, 33, 41, 50, 64, 80, 97, 120, 150, 190, 230, 256)]],
     }
-    results = {}
     for case, calls in cases.items():
         texts = [t for call in calls for t in call]
         expected = reference.encoder.embed(reference.preparer.token_ids(texts)).vectors.numpy()
         rows, outputs = {}, {}
-        for name, engine in engines.items():
-            before = _graph_counts(engine)
-            outputs[name], passes = _embed_calls(engine, calls, one_pass=case.startswith("lengths"))
-            rows[name] = {**compare(outputs[name], expected), "passes": passes}
-            after = _graph_counts(engine)
-            if after is not None:
-                rows[name]["graph_replays"] = after[0] - before[0]
-                rows[name]["vs_eager"] = compare(outputs[name], outputs[_eager_twin(name, outputs)])
-            if case == "small_large_small_replays":
-                rows[name]["repeat_max_abs_diff"] = float(np.abs(outputs[name][0] - outputs[name][2]).max())
-            if case == "distinct_inputs":
-                rows[name]["max_pairwise_cosine"] = _max_pairwise_cosine(outputs[name])
         results[case] = {"tokens": [len(ids) for ids in reference.preparer.token_ids(texts)], "modes": rows}
-    return results
+        for name, engine in engines.items():
+            row = section(f"correctness.adversarial.{case}.{name}", _adversarial_row, engine, name, case, calls,
+                          expected, outputs)
+            if row is not None:
+                rows[name] = row
+
+
+def _adversarial_row(engine: EmbeddingService, name: str, case: str, calls: list[list[str]], expected: np.ndarray,
+                     outputs: dict[str, np.ndarray]) -> dict:
+    before = _graph_counts(engine)
+    output, passes = _embed_calls(engine, calls, one_pass=case.startswith("lengths"))
+    row = {**compare(output, expected), "passes": passes}
+    after = _graph_counts(engine)
+    if after is not None:
+        row["graph_replays"] = after[0] - before[0]
+        twin = _eager_twin(name, outputs)
+        if twin is not None:
+            row["vs_eager"] = compare(output, outputs[twin])
+    if case == "small_large_small_replays":
+        row["repeat_max_abs_diff"] = float(np.abs(output[0] - output[2]).max())
+    if case == "distinct_inputs":
+        row["max_pairwise_cosine"] = _max_pairwise_cosine(output)
+    outputs[name] = output
+    return row
 
 
 def _embed_calls(engine: EmbeddingService, calls: list[list[str]], one_pass: bool) -> tuple[np.ndarray, int]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from embedserve.handler.assembly import assemble
+from embedserve.handler.backends.cuda_graphs import release_memory
 from embedserve.handler.execution.placement import available_cpus
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
@@ -113,9 +114,12 @@ def mib(size: int | None) -> float | None:
 
 
 def release(cuda: bool) -> None:
+    """Drop what the engines held. Through the handler's own release_memory, never empty_cache
+    directly: after a failed capture empty_cache can trip the allocator's assert."""
     gc.collect()
     if cuda:
-        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        release_memory(torch.device("cuda", torch.cuda.current_device()))
 
 
 def _sync(device: str) -> None:

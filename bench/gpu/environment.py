@@ -3,6 +3,7 @@ attention, and the peak FLOPS that MFU is a fraction of."""
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 import warnings
@@ -29,7 +30,8 @@ def environment(cuda: bool) -> dict:
 
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
            "platform": platform.platform(), "cpus": available_cpus(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "sentence_transformers": sentence_transformers.__version__}
+           "transformers": transformers.__version__, "sentence_transformers": sentence_transformers.__version__,
+           "hub_offline": {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}}
     if not cuda:
         return {**env, "gpu": None, "cpu": platform.processor() or platform.machine(), "torch_threads":
                 torch.get_num_threads()}
@@ -47,8 +49,15 @@ def environment(cuda: bool) -> dict:
         "sdpa_enabled": {"flash": backends.flash_sdp_enabled(), "mem_efficient": backends.mem_efficient_sdp_enabled(),
                          "math": backends.math_sdp_enabled(),
                          "cudnn": getattr(backends, "cudnn_sdp_enabled", lambda: None)()},
-        "sdpa_runs": sdpa_runs(),
     }
+
+
+def tokenizer_threads() -> dict:
+    """The tokenizer's thread pool as the engines run it: read after one has started, since the
+    handler sets TOKENIZERS_PARALLELISM (on for a GPU worker, whose host cores idle while it
+    computes) where the environment does not."""
+    return {"TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM"),
+            "RAYON_NUM_THREADS": os.environ.get("RAYON_NUM_THREADS"), "cpus": available_cpus()}
 
 
 def sdpa_runs(head_dim: int = 32) -> dict:

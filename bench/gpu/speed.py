@@ -14,7 +14,6 @@ import torch
 
 from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary_words
 from bench.gpu.common import ST_BATCH_SIZES, TORCHSERVE_BATCH
-from bench.gpu.correctness import compare
 from bench.inprocess import flops_per_token
 from embedserve.handler.service import EmbeddingService, RawRequest
 
@@ -53,9 +52,11 @@ def latency(engines: dict[str, EmbeddingService], model_dir: Path, repeats: int,
 
 
 def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], device: str, dtype: str, best_of: int,
-               peak: dict, reference: np.ndarray | None = None) -> dict:
+               peak: dict | None) -> dict:
     """The whole corpus in one `embed` call (the engine sorts and cuts it), fastest of `best_of`,
-    with tokenizing timed apart; then sentence-transformers `encode` on the same texts."""
+    with tokenizing timed apart; then sentence-transformers `encode` on the same texts (its vectors
+    under `sentence_transformers_vectors`, for the caller to compare and drop). MFU is None
+    without a `peak`."""
     tokenize_s, embed_s = float("inf"), float("inf")
     for _ in range(best_of):
         began = time.perf_counter()
@@ -80,18 +81,19 @@ def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], devi
         "embed_s": round(embed_s, 4),
     }
     st, st_vectors = sentence_transformers_encode(model_dir, texts, device, dtype, best_of)
-    result = {
+
+    def mfu(tflops: float | None) -> float | None:
+        return None if not tflops else round(tokens_per_s * flops / (tflops * 1e12), 4)
+
+    return {
         "dtype": dtype,
         "engine": ours,
         "sentence_transformers": st,
         "gflop_per_token": round(flops / 1e9, 5),
-        "mfu": round(tokens_per_s * flops / (peak["tflops"] * 1e12), 4),
-        "mfu_of_measured_matmul": round(tokens_per_s * flops / (peak["measured_matmul_tflops"] * 1e12), 4),
+        "mfu": mfu((peak or {}).get("tflops")),
+        "mfu_of_measured_matmul": mfu((peak or {}).get("measured_matmul_tflops")),
+        "sentence_transformers_vectors": st_vectors,
     }
-    if reference is not None:  # sentence-transformers' own vectors against our fp32 reference
-        shared = min(len(st_vectors), len(reference))
-        result["sentence_transformers_vs_reference"] = compare(st_vectors[:shared], reference[:shared])
-    return result
 
 
 def packed_against_padded(packed: dict[str, EmbeddingService], padded: dict[str, EmbeddingService],

@@ -29,7 +29,7 @@ import torch
 from transformers import AutoConfig
 
 from embedserve.handler.backends.base import Backend
-from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, GraphRunner
+from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner
 from embedserve.handler.backends.onnx_runtime import ONNX_FILE, OnnxTransformer, onnx_file
 from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE as OPENVINO_PAD_MULTIPLE
 from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, openvino_available
@@ -260,14 +260,24 @@ def with_graphs(backend: Backend, model: torch.nn.Module, placement: Placement,
         runner = PackedGraphRunner.capture(backend.run_eager, token_ladder(largest), max_inputs=parts.max_batch_size,
                                            max_len=max_len, **common)
     else:
-        # No bucket longer than the position embeddings: its warm-up would index past them.
-        buckets = [b for b in placement.cuda_graph_buckets if b.length <= (parts.max_positions or b.length)]
+        buckets = usable_buckets(placement.cuda_graph_buckets, parts.max_length, parts.max_positions)
         if not buckets:
             return backend, "none: no bucket within the position embeddings"
         runner = GraphRunner.capture(backend.pooled, buckets, **common)
     if not runner.graphs:
         return backend, "none: refused or dropped at start-up (see the worker's log)"
     return backend.with_graphs(runner), f"captured {len(runner.graphs)}"
+
+
+def usable_buckets(buckets: Sequence[Bucket], max_length: int | None, max_positions: int | None) -> list[Bucket]:
+    """The buckets a pass can use: none longer than the position embeddings (its warm-up would
+    index past them), and none longer than the shortest that holds `max_length`, the longest input
+    the engine ever passes (MiniLM cuts at 256: its 512-token buckets would hold memory and
+    capture time and never replay)."""
+    within = [b for b in buckets if b.length <= (max_positions or b.length)]
+    holding = [b.length for b in within if max_length and b.length >= max_length]
+    longest = min(holding) if holding else max((b.length for b in within), default=0)
+    return [b for b in within if b.length <= longest]
 
 
 def _probe_rows(pad_id: int, vocab_size: int, max_positions: int) -> list[list[int]]:
