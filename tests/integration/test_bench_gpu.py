@@ -75,7 +75,7 @@ def test_speed_rows_and_targets(results):
     assert {"prepare", "model", "encode"} <= set(handled["ms_per_batch"]) and handled["host_over_model"] > 0
     targets = {row["target"]: row for row in report["targets"]}
     assert len(targets) == 9
-    assert all(set(row) == {"target", "measured", "goal", "met", "applicable"} for row in targets.values())
+    assert all({"target", "measured", "goal", "met", "applicable"} <= set(row) for row in targets.values())
     applicable = [row for row in targets.values() if row["applicable"]]
     # Cosine, NaN and packed passes' real / computed tokens hold on CPU too.
     assert len(applicable) == 3 and all(row["met"] for row in applicable)

@@ -14,27 +14,58 @@ from tests.support import REPO
 FAMILIES = ("bert_dense", "qwen3")  # one with packed passes, one that falls back to padded ones
 
 
+# A section forced to fail (BENCH_GPU_FAIL): the dry run of a failure on the GPU machine.
+FORCED = "engine.float32_packed"
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("gpu-run")
     env = {**os.environ, "PY": sys.executable, "GPU_RUN_DEVICE": "cpu", "GPU_RUN_MODEL": "none",
            # Small, for two shared cores: two families (and one that cannot start), few texts.
            "GPU_RUN_FAMILIES": " ".join(FAMILIES) + " no_such_family", "GPU_RUN_FAMILY_TEXTS": "24",
-           "BENCH_GPU_ARGS": "--texts 16 --repeats 3 --saturation-texts 32"}
+           "BENCH_GPU_ARGS": "--texts 16 --repeats 3 --saturation-texts 32", "BENCH_GPU_FAIL": FORCED}
     done = subprocess.run(["bash", "scripts/gpu_run.sh", str(out)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=450)
     return out, done
 
 
 def test_every_step_runs_and_leaves_its_file(run):
     out, done = run
-    assert done.returncode == 0, done.stdout[-4000:]
+    log = (out / "gpu_run.log").read_text()
+    # A failed section and a family that cannot start: the run says so in its status and its log.
+    assert done.returncode == 1, done.stdout[-4000:]
     for name in ("gpu_run.log", "steps.tsv", "capture_probe.json", "families.json", "gpu.json"):
         assert (out / name).stat().st_size > 0, name
-    assert "== gpu_run done" in (out / "gpu_run.log").read_text()
-    steps = dict(line.split("\t")[:2] for line in (out / "steps.tsv").read_text().splitlines())
-    # One family cannot start (no_such_family): the families step says so, and the next step runs.
-    assert steps == {"wheels": "0", "versions": "0", "capture-probe": "0", "families": "1", "bench.gpu": "0"}
+    assert "== steps that did not succeed: bench.gpu (exit 1) families (exit 1)" in log
+    steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+    # The headline first; one family cannot start (no_such_family): the next step runs all the same.
+    assert [(name, rc) for name, rc, _ in steps] == [("prerequisites", "0"), ("bench.gpu", "1"), ("families", "1"),
+                                                     ("capture-probe", "0")]
+    assert sum(int(seconds) for *_, seconds in steps) <= 400  # within the shared budget
+
+
+def test_a_failed_section_costs_only_its_own_figures(run):
+    report = json.loads((run[0] / "gpu.json").read_text())
+    assert report["complete"] and report["device"] == "cpu"
+    assert report["plan"]["texts"] == 16  # BENCH_GPU_ARGS reached bench.gpu
+    # The forced failure, and the sections that needed its engine, each with its reason.
+    assert report["errors"] == {FORCED: "forced failure (BENCH_GPU_FAIL)",
+                                "correctness.float32_packed": "skipped: needs float32_packed, which failed",
+                                "packed": "skipped: needs float32_packed, which failed"}
+    # Every other section's figures came back.
+    assert set(report["correctness"]["modes"]) == {"float32_eager", "bfloat16_eager"}
+    assert len(report["correctness"]["adversarial"]) == 4 and report["latency"] and report["handle"]
+    assert {"minilm", "bert_base"} <= set(report["saturation"]) and "float32_packed" not in report["engines"]
+    # Every target: a value, or none with the reason.
+    targets = {row["target"].split(":")[0]: row for row in report["targets"]}
+    for row in targets.values():
+        assert row["measured"] is not None or row["reason"], row
+    packed = targets["packed passes"]
+    assert packed["measured"] is None and packed["met"] is None and FORCED in packed["reason"]
+    cosine = targets["every mode"]
+    assert cosine["measured"]["float32_eager"] > 0.9999 and cosine["met"] is False  # a mode is missing
+    assert "correctness.float32_packed" in cosine["reason"]
 
 
 def test_families_cpu_modes_match_the_reference(run):
@@ -42,7 +73,7 @@ def test_families_cpu_modes_match_the_reference(run):
     assert set(families) == {*FAMILIES, "no_such_family"}
     for family in FAMILIES:
         row = families[family]
-        assert row["ok"] and row["device"] == "cpu" and row["exit_code"] == 0, row
+        assert row["ok"] and row["complete"] and row["device"] == "cpu" and row["exit_code"] == 0, row
         assert set(row["modes"]) == {"float32_eager", "bfloat16_eager", "float32_packed"}
         for mode in row["modes"].values():
             assert mode["started"] and mode["min_cosine"] >= 0.999 and mode["non_finite_rows"] == 0, mode
@@ -51,13 +82,18 @@ def test_families_cpu_modes_match_the_reference(run):
     assert not families["no_such_family"]["ok"] and "invalid choice" in families["no_such_family"]["died"]
 
 
-def test_probe_and_benchmark_in_cpu_mode(run):
-    out = run[0]
-    probe = json.loads((out / "capture_probe.json").read_text())
+def test_probe_in_cpu_mode(run):
+    probe = json.loads((run[0] / "capture_probe.json").read_text())
     assert probe["device"] == "cpu" and probe["raw"] == {"skipped": "no CUDA device"}
     sync = probe["sync_check"]
     assert sync["exit_code"] == 0 and sync["quiet_pass"] is None and "_local_scalar_dense" in sync["reading_pass"], sync
-    report = json.loads((out / "gpu.json").read_text())
-    assert report["complete"] and "errors" not in report and report["device"] == "cpu"
-    assert report["plan"]["texts"] == 16  # BENCH_GPU_ARGS reached bench.gpu
-    assert all(row["met"] for row in report["targets"] if row["applicable"])
+
+
+def test_a_missing_prerequisite_is_named_and_nothing_else_runs(tmp_path):
+    env = {**os.environ, "PY": sys.executable, "GPU_RUN_DEVICE": "cpu", "GPU_RUN_MODEL": str(tmp_path / "no-model")}
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path / "out")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"MISSING: {tmp_path / 'no-model'}" in done.stdout and "a prerequisite is missing" in done.stdout
+    assert (tmp_path / "out" / "steps.tsv").read_text().split("\t")[:2] == ["prerequisites", "1"]
+    assert not (tmp_path / "out" / "gpu.json").exists()
