@@ -11,8 +11,11 @@ once warm-up has measured it.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any, NoReturn, Sequence
 
@@ -52,9 +55,12 @@ def raise_classified(err: Exception) -> NoReturn:
 class FaultInjection:
     """Failures the tests provoke, e.g. "oom_above_tokens=64,device_error_token=7": a pass over
     64 padded tokens raises MemoryError; a pass holding token id 7 raises a CUDA-style device
-    error."""
+    error. "device_pass_ms=5" makes every pass a stand-in GPU's (bench/overlap.py): it holds a
+    lock that the server's workers share, as one device serializes their passes, and waits 5 ms
+    there without using a CPU core, the way a host thread waits on a kernel."""
     oom_above_tokens: int = 0
     device_error_token: int = -1
+    device_pass_ms: int = 0
 
     @classmethod
     def from_env(cls) -> "FaultInjection | None":
@@ -64,6 +70,17 @@ class FaultInjection:
         values = dict(item.split("=", 1) for item in spec.split(","))
         log.warning("%s is set: failures will be injected (%s); never set it in production", FAULTS_ENV, spec)
         return cls(**{key: int(value) for key, value in values.items()})
+
+    def occupy_device(self) -> None:
+        if self.device_pass_ms <= 0:
+            return
+        # TorchServe gives each server its own TMPDIR: the lock is shared by that server's workers.
+        with open(os.path.join(tempfile.gettempdir(), "embedserve-standin-device.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                time.sleep(self.device_pass_ms / 1000)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def check(self, ids: torch.Tensor) -> None:
         if self.oom_above_tokens and ids.numel() > self.oom_above_tokens:
@@ -89,6 +106,7 @@ class FaultInjectingBackend:
 
     def run(self, inputs: PassInputs, *, eager: bool = False) -> torch.Tensor:
         self.faults.check(inputs.ids)
+        self.faults.occupy_device()
         return self.backend.run(inputs, eager=eager)
 
     def computed_tokens(self, inputs: PassInputs) -> int:
