@@ -161,7 +161,9 @@ class _Collect(logging.Handler):
 
 
 def _engine(model_dir: Path, device: str, *, unpadded: bool = False, **settings) -> tuple[EmbeddingService, list]:
-    config = Settings.from_mapping({"device": device, "engine": "torch", **settings})
+    # Graphs and packed passes only where a mode asks (a GPU worker's default turns both on).
+    config = Settings.from_mapping({"device": device, "engine": "torch", "cuda_graphs": False, "packed": False,
+                                    **settings})
     unpad = (lambda placement: replace(placement, pad_multiple=1)) if unpadded else None  # the reference: no padding
     collect, logger = _Collect(), logging.getLogger("embedserve.handler")
     logger.addHandler(collect)

@@ -243,7 +243,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     results["packed"] = section("packed", packed_against_padded, packed, padded, saturation_texts, plan.best_of,
                                 missing=absent(eager, packed_names[0]))
     progress("the engine's handle on TorchServe batches ...")
-    for name in (eager, graphs):
+    for name in (eager, graphs, *packed_names[1:]):  # on CUDA, packed graphs: a GPU worker's default
         row = section(f"handle.{name}", handle, engines[name], saturation_texts) if name in engines else None
         if row is not None:
             results["handle"][name] = row
@@ -264,6 +264,18 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
         del bert["sentence_transformers_vectors"]
         results["saturation"]["bert_base"] = bert
     del engine
+    if cuda:  # a GPU worker's default engine: packed passes replayed from graphs
+        release(cuda)
+        served = "bert_base_float16_packed_graphs"
+        engine = section(f"engine.{served}", bench.engine, served, second, dtype="float16", packed=True,
+                         cuda_graphs=True)
+        row = section(f"saturation.{served}", lambda: saturation(
+            engine, second, saturation_texts, device, "float16", plan.best_of, results["peak_flops"],
+            with_sentence_transformers=False), missing=[] if engine is not None else [served])
+        if row is not None:
+            del row["sentence_transformers_vectors"], row["sentence_transformers"]
+            results["saturation"]["bert_base_packed_graphs"] = row
+        del engine
     results["memory_mib"]["bert_base"] = mib(memory.close(bert_memory))
     release(cuda)
     return results

@@ -31,8 +31,9 @@ class Bench:
     def engine(self, name: str, model_dir: Path, *, unpadded: bool = False, warmup: bool = True,
                **settings) -> EmbeddingService:
         threads = {} if self.device == "cuda" else {"cpu_threads": available_cpus()}
-        config = Settings.from_mapping({"device": self.device, "engine": "torch", **threads, **self.overrides,
-                                        **settings})
+        # Graphs and packed passes only where a mode asks (a GPU worker's default turns both on).
+        config = Settings.from_mapping({"device": self.device, "engine": "torch", "cuda_graphs": False,
+                                        "packed": False, **threads, **self.overrides, **settings})
         # The reference: no pad-to-multiple, so a one-text pass holds no padding at all.
         unpad = (lambda placement: replace(placement, pad_multiple=1)) if unpadded else None
         _sync(self.device)

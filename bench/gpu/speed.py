@@ -52,11 +52,11 @@ def latency(engines: dict[str, EmbeddingService], model_dir: Path, repeats: int,
 
 
 def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], device: str, dtype: str, best_of: int,
-               peak: dict | None) -> dict:
+               peak: dict | None, with_sentence_transformers: bool = True) -> dict:
     """The whole corpus in one `embed` call (the engine sorts and cuts it), fastest of `best_of`,
     with tokenizing timed apart; then sentence-transformers `encode` on the same texts (its vectors
-    under `sentence_transformers_vectors`, for the caller to compare and drop). MFU is None
-    without a `peak`."""
+    under `sentence_transformers_vectors`, for the caller to compare and drop), unless told not
+    to. MFU is None without a `peak`."""
     tokenize_s, embed_s = float("inf"), float("inf")
     for _ in range(best_of):
         began = time.perf_counter()
@@ -80,7 +80,8 @@ def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], devi
         "tokenize_s": round(tokenize_s, 4),
         "embed_s": round(embed_s, 4),
     }
-    st, st_vectors = sentence_transformers_encode(model_dir, texts, device, dtype, best_of)
+    st, st_vectors = sentence_transformers_encode(model_dir, texts, device, dtype, best_of) \
+        if with_sentence_transformers else (None, None)
 
     def mfu(tflops: float | None) -> float | None:
         return None if not tflops else round(tokens_per_s * flops / (tflops * 1e12), 4)

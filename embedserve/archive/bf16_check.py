@@ -36,7 +36,7 @@ class Bf16Refused(ValueError):
 def candidate_engines(handler: dict, model_dir: Path) -> list[str]:
     """The bfloat16 engines a CPU worker of this build could time under dtype auto."""
     if handler["dtype"] != "auto" or handler["device"] not in ("auto", "cpu") or handler.get("engine", "auto") != "auto" \
-            or handler.get("compile") or handler.get("packed"):
+            or handler.get("compile") or handler.get("packed") is True:
         return []
     exported = (model_dir / ONNX_FILE).is_file()
     return ["torch"] + (["openvino"] if exported and openvino_available() else [])

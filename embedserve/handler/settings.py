@@ -17,6 +17,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 ENGINES = ("auto", "torch", "onnxruntime", "openvino")
 BF16_ENGINES = ("torch", "openvino")
 POOLINGS = ("auto", *POOLING_MODES)
+AUTO_SWITCHES = ("cuda_graphs", "packed")  # true, false, or auto: on a GPU, off elsewhere
 
 
 class SettingsError(ValueError):
@@ -93,8 +94,9 @@ class Settings:
     # passes that fit a bucket; a bucket whose pass needs more than cuda_graph_max_mb runs eagerly,
     # and a model whose forward synchronizes, or a failed capture, leaves every pass eager
     # (embedserve/handler/backends/cuda_graphs.py). Packed passes are captured per size
-    # in total tokens instead (embedserve/handler/backends/packed_graphs.py). Ignored on a CPU.
-    cuda_graphs: bool = False
+    # in total tokens instead (embedserve/handler/backends/packed_graphs.py). auto: on a GPU (an
+    # H100 measured batch-1 latency 6x lower, docs/gpu.md), off elsewhere; ignored on a CPU.
+    cuda_graphs: bool | str = "auto"
     cuda_graph_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     cuda_graph_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     cuda_graph_max_mb: int = 2048
@@ -104,9 +106,10 @@ class Settings:
     # computed, on the torch engine; used where the architecture is supported (BERT, RoBERTa,
     # XLM-R, MPNet) and a start-up check agrees with the padded pass, else passes are padded.
     # With cuda_graphs on a GPU, packed passes replay graphs over total tokens
-    # (embedserve/handler/backends/packed_graphs.py). Off by default: on a CPU ONNX Runtime's padded passes measured
-    # faster end to end (docs/performance.md); on a GPU it is not measured yet (make bench-gpu).
-    packed: bool = False
+    # (embedserve/handler/backends/packed_graphs.py). auto: on a GPU (an H100 measured packed passes
+    # with graphs 4.2x padded ones with graphs, docs/gpu.md); off on a CPU, where ONNX Runtime's
+    # padded passes measured faster end to end (docs/performance.md).
+    packed: bool | str = "auto"
     # Embedding cache, off by default. An in-process LRU of this many entries (0: off), bounded
     # also in memory ...
     cache_entries: int = 0
@@ -172,6 +175,11 @@ class Settings:
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
+def switch(value: bool | str, on_gpu: bool) -> bool:
+    """A setting of true, false or auto (on a GPU, off elsewhere), resolved for a worker."""
+    return on_gpu if value == "auto" else bool(value)
+
+
 def check_redis_url(key: str, url: str) -> None:
     if url and not url.startswith(REDIS_SCHEMES):
         raise SettingsError(key, f"must start with {', '.join(REDIS_SCHEMES)} (or be empty to turn Redis off)")
@@ -184,7 +192,9 @@ def _require_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
     # YAML already types most values; accept the obvious string spellings too.
-    if kind is bool:
+    if key in AUTO_SWITCHES and isinstance(value, str) and value.lower() == "auto":
+        return "auto"
+    if kind is bool or key in AUTO_SWITCHES:  # otherwise true or false
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):

@@ -96,7 +96,9 @@ def _as_cuda_report(report: dict, vs_eager: dict | None = None) -> dict:
     report["latency"] += [{**row, "mode": "graphs", "wall_ms": row["wall_ms"] * 0.4} for row in report["latency"]]
     for model in report["saturation"].values():
         model["dtype"] = "float16"
-    report["handle"] = {"float16_eager": report["handle"]["float32_eager"]}
+    # A GPU worker's default engine: packed passes replayed from graphs.
+    report["handle"] = {name: report["handle"]["float32_eager"] for name in ("float16_eager", "float16_packed_graphs")}
+    report["saturation"]["bert_base_packed_graphs"] = {**report["saturation"]["bert_base"], "mfu": 0.4}
     # Packed passes eager and replayed from graphs over total tokens, whose padding counts.
     report["packed"]["packed_graphs"] = {"real_tokens_per_s": 1.0, "real_over_computed_tokens": 0.985,
                                          "over_float16_eager": 2.0, "over_float16_graphs": 1.7}
@@ -112,6 +114,9 @@ def test_targets_of_a_cuda_report(results, tmp_path):
     cosine, nan, graphs_equal, latency = targets[:4]
     assert cosine["met"] and nan["met"] and graphs_equal["met"]
     assert latency["measured"] == 0.4 and latency["met"]
+    mfu, host = targets[5:7]
+    assert mfu["measured"] == 0.4 and mfu["met"]  # the served engine's, packed passes with graphs
+    assert host["measured"] == report["handle"]["float16_packed_graphs"]["host_over_model"]
     real_over_computed, packed_speedup = targets[-2:]
     assert real_over_computed["measured"] == 0.985 and not real_over_computed["met"]
     assert packed_speedup["measured"] == 1.7 and packed_speedup["met"]

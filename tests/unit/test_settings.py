@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from embedserve.handler.settings import Settings, SettingsError
+from embedserve.handler.settings import Settings, SettingsError, switch
 
 
 def test_defaults_are_valid():
@@ -51,3 +51,16 @@ def test_layer_list_setting():
     assert Settings.from_mapping({"int8_fp32_layers": ["x", "y"]}).int8_fp32_layers == ("x", "y")
     with pytest.raises(SettingsError, match="int8_fp32_layers"):
         Settings.from_mapping({"int8_fp32_layers": "x"})
+
+
+@pytest.mark.parametrize("key", ["cuda_graphs", "packed"])
+def test_graphs_and_packed_passes_are_on_where_a_gpu_serves(key):
+    """auto (the default): on a GPU, off elsewhere; true and false as written."""
+    assert getattr(Settings(), key) == "auto"
+    assert [switch(Settings.from_mapping({key: v}).__getattribute__(key), on_gpu) for v in ("auto", "AUTO")
+            for on_gpu in (True, False)] == [True, False, True, False]
+    for value, expected in ((True, True), ("true", True), (False, False), ("false", False)):
+        resolved = Settings.from_mapping({key: value}).__getattribute__(key)
+        assert switch(resolved, on_gpu=True) is expected and switch(resolved, on_gpu=False) is expected
+    with pytest.raises(SettingsError, match=key):
+        Settings.from_mapping({key: "sometimes"})

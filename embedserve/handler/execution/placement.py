@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from embedserve.handler.backends.cuda_graphs import Bucket, ladder
-from embedserve.handler.settings import Settings
+from embedserve.handler.settings import Settings, switch
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,9 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
     threads = 0 if on_gpu else settings.cpu_threads or max(1, cpus // max(1, workers))
     lend = not on_gpu and settings.lend_idle_cpus and not settings.cpu_threads and cpus > threads
     max_batch_tokens = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
-    if settings.cuda_graphs and not on_gpu:
+    if settings.cuda_graphs is True and not on_gpu:
         log.warning("handler setting 'cuda_graphs' needs a CUDA device; this %s worker runs eagerly", device)
-    graphs = settings.cuda_graphs and on_gpu
+    graphs = switch(settings.cuda_graphs, on_gpu) and on_gpu
     buckets = ladder(settings.cuda_graph_batches, settings.cuda_graph_lengths, max_batch_tokens) if graphs else []
     return Placement(
         device, dtype, threads, lend_cpus=cpus if lend else 0,
@@ -93,7 +93,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         cuda_graph_buckets=tuple(buckets),
         cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
         compile=settings.compile,
-        packed=settings.packed,
+        packed=switch(settings.packed, on_gpu),
     )
 
 

@@ -276,7 +276,11 @@ def test_predict_forms_are_tei_s(rerankers):
     assert status == 200 and {item["label"] for item in single} == set(LABELS)
     assert abs(sum(item["score"] for item in single) - 1) < 1e-5  # a classifier's softmax, as TEI answers
     status, batch = call(svc, "predict", {"inputs": ["hello", ["a", "b"], "c"]})
-    assert status == 200 and len(batch) == 3 and batch[0] == single
+    assert status == 200 and len(batch) == 3
+    # The same text alone and in a batch: the same labels, scores equal up to float rounding (a
+    # padded pass of three rows may take other kernels than a pass of one).
+    assert [item["label"] for item in batch[0]] == [item["label"] for item in single]
+    assert all(abs(a["score"] - b["score"]) < 1e-6 for a, b in zip(batch[0], single))
 
 
 def test_each_task_refuses_the_other_s_routes(rerankers, tiny_model_dir):

@@ -109,3 +109,12 @@ def test_auto_dtype_on_a_gpu_follows_a_bfloat16_checkpoint(tmp_path, saved, expe
     assert forced.dtype == torch.float16  # a dtype setting still forces the choice
     on_cpu = resolve_placement(Settings(device="cpu"), gpu_id=None, workers=1, cuda_available=False, model_dir=tmp_path)
     assert on_cpu.dtype == torch.float32
+
+
+def test_a_gpu_worker_replays_graphs_of_packed_passes_by_default():
+    gpu = resolve_placement(Settings(), gpu_id=0, workers=1, cuda_available=True)
+    assert gpu.cuda_graphs and gpu.cuda_graph_buckets and gpu.packed
+    off = resolve_placement(Settings(cuda_graphs=False, packed=False), gpu_id=0, workers=1, cuda_available=True)
+    assert not off.cuda_graphs and not off.cuda_graph_buckets and not off.packed
+    cpu = resolve_placement(Settings(), gpu_id=None, workers=1, cuda_available=False)
+    assert not cpu.cuda_graphs and not cpu.packed  # a CPU worker: ONNX Runtime's padded passes
