@@ -286,3 +286,16 @@ def test_build_mar_help_lists_every_option():
     models_doc = (REPO / "docs" / "models.md").read_text()
     for option in ("--response-timeout", "--startup-timeout", "--skip-check", "--version"):
         assert f"`{option}`" in models_doc
+
+
+def test_default_workers_two_per_gpu_else_up_to_two_cores(monkeypatch):
+    from embedserve.archive import build
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert build._default_workers() == 6  # a second worker per GPU does host work during the other's passes
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 8)
+    assert build._default_workers() == 2
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 1)
+    assert build._default_workers() == 1
