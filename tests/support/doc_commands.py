@@ -48,9 +48,9 @@ NOT_RUN = [
     NotRun("docs/gpu.md", r"make bench-gpu|gpu_run\.sh|/tmp/jre",
            "needs a GPU machine, or runs the GPU benchmark for minutes; tests/integration/test_bench_gpu.py and "
            "test_gpu_run.py run its CPU mode"),
-    NotRun("docs/performance.md", r"make (bench|bench-gpu|loadtest)\b|locust",
-           "benchmarks and load tests take 1 to 35 minutes of full load; tests/integration/test_bench.py and "
-           "test_loadtest.py run short ones"),
+    NotRun("docs/performance.md", r"make (bench|bench-gpu|loadtest)\b|locust|bench\.overlap",
+           "benchmarks and load tests take 1 to 35 minutes of full load; tests/integration/test_bench.py, "
+           "test_bench_overlap.py and test_loadtest.py run short ones"),
     NotRun("docs/operations.md", r"make soak|bench\.soak|test_resilience",
            "the soak and recovery runs take about 20 minutes; their tests are part of `make test`"),
     NotRun("docs/operations.md", r"apt install redis-server",
