@@ -7,7 +7,8 @@
 #   NO_CACHE=1                  no layer of an earlier build reused (with REBUILD_BASE=1: from nothing)
 # The wheels (torch's CPU wheel among them) are built on the host into a wheelhouse that the
 # build installs with --no-index, so the image never sees PyPI's CUDA build. An image that
-# carries CUDA libraries anyway is refused and removed. Prints the size; writes build/image/last.json.
+# carries CUDA libraries or Python bytecode caches anyway is refused and removed. Prints the size;
+# writes build/image/last.json.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -84,6 +85,13 @@ if [[ -n "$found" ]]; then
   engine rmi "$image" >/dev/null
   echo "error: the CPU image carries CUDA; removed it:" >&2; echo "$found" >&2; exit 1
 fi
+# ... or with Python bytecode caches (a base or a package that compiled them at install time).
+found=$(engine run $RUN_FLAGS --rm --network=none --user 0 --entrypoint sh "$image" -c \
+  'find / -xdev -name "*.pyc" | head -n 5')
+if [[ -n "$found" ]]; then
+  engine rmi "$image" >/dev/null
+  echo "error: the image carries Python bytecode caches; removed it:" >&2; echo "$found" >&2; exit 1
+fi
 
 size=$(engine image inspect --format '{{.Size}}' "$image")
 cat > "$work/last.json" <<JSON
@@ -92,4 +100,4 @@ cat > "$work/last.json" <<JSON
  "seconds": {"base": $((base_done - start)), "mar": $((mar_done - base_done)), "wheels": $((wheels_done - mar_done)),
              "image": $((built - wheels_done)), "total": $(( $(date +%s) - start ))}}
 JSON
-echo "built $image on $base in $(( $(date +%s) - start )) s: $((size / 1000000)) MB uncompressed, no CUDA libraries"
+echo "built $image on $base in $(( $(date +%s) - start )) s: $((size / 1000000)) MB uncompressed, no CUDA libraries, no bytecode caches"

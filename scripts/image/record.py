@@ -1,10 +1,13 @@
 """Keep the figures of the last `make image` and image test with the CPU they ran on.
 
-    python scripts/image/record.py [OUT]    (default bench/results/image-cpu.json)
+    python scripts/image/record.py [OUT] [--notes TEXT]    (default bench/results/image-cpu.json)
+
+--notes: how the figures were taken (a build from nothing or with cached layers, the machine's load).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -33,7 +36,11 @@ def compressed_bytes(image: str, engine: list[str]) -> int:
 
 
 def main() -> int:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "bench" / "results" / "image-cpu.json"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=Path, default=REPO / "bench" / "results" / "image-cpu.json")
+    parser.add_argument("--notes", help="how the figures were taken")
+    args = parser.parse_args()
+    out = args.out.resolve()
     build = json.loads((REPO / "build" / "image" / "last.json").read_text())
     tests = json.loads((REPO / "build" / "image" / "test-figures.json").read_text())
     sys.path.insert(0, str(REPO))
@@ -46,8 +53,10 @@ def main() -> int:
     result = {"recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
               "machine": {"cpu": cpu(), "kernel": platform.release(), "engine": version},
               "commands": ["make image", "make test-image"], "build": build, "tests": tests}
+    if args.notes:
+        result["notes"] = args.notes
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out.relative_to(REPO)}")
+    print(f"wrote {os.path.relpath(out, REPO)}")
     return 0
 
 
