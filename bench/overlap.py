@@ -22,18 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from bench.load import run_load, warm_up
 from bench.request_path import short_texts
 from embedserve.archive.build import main as build_main
 from embedserve.handler.execution.faults import FAULTS_ENV
+from embedserve.handler.worker.cpu_features import describe_cpu
 from embedserve.scripts.serverctl import TorchServe, isolated_config
+from tests.support.client import metric_samples
 from tests.support.tiny_model import make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,14 +94,9 @@ def _serve_and_load(root: Path, model: Path, workers: int, delay: int, clients: 
 
 def _counters(server: TorchServe) -> dict[str, float]:
     """The handler's counters, summed over every series (workers, tasks)."""
-    request = urllib.request.Request(f"{server.url('metrics')}/metrics")  # the metrics API takes no key
-    text = urllib.request.urlopen(request, timeout=10).read().decode()
-    totals = {"EmbedBatches": 0.0, "EmbedForwardPasses": 0.0, "EmbedInputs": 0.0}
-    for line in text.splitlines():
-        match = re.match(r"^(\w+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
-        if match and match.group(1) in totals:
-            totals[match.group(1)] += float(match.group(2))
-    return totals
+    samples = metric_samples(server, "tiny")
+    return {name: sum(value for (sample, _), value in samples.items() if sample == name)
+            for name in ("EmbedBatches", "EmbedForwardPasses", "EmbedInputs")}
 
 
 def _judge(rows: list[dict], delays: list[int], workers: list[int]) -> dict:
@@ -129,20 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = measure([int(d) for d in args.delays.split(",")], [int(w) for w in args.workers.split(",")],
                      args.clients, args.seconds)
-    result["cpu"] = _cpu_name()
+    result["cpu"] = describe_cpu()
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "overlap.json").write_text(json.dumps(result, indent=2))
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 if __name__ == "__main__":

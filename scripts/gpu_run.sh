@@ -59,39 +59,8 @@ PROBE_RESERVE=40
 # handler turns the pool on for a GPU worker (bench.gpu records what ran).
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_RETRIES=0 PIP_TIMEOUT=5
 
-elapsed() { echo $((SECONDS - START)); }
-
-left() {  # seconds of the budget left, less RESERVE
-    echo $((BUDGET - $(elapsed) - ${1:-0}))
-}
-
-step() {  # NAME LIMIT CMD...: run CMD under a time limit; log and record how it ended
-    local name=$1 limit=$2
-    shift 2
-    if ((limit < 10)); then
-        skip "$name" "$limit"
-    else
-        here "$name" "(limit ${limit}s)" timeout --kill-after=10 "$limit" "$@"
-    fi
-}
-
-skip() {  # NAME SECONDS: a step the budget has no room for
-    echo "== $1 skipped: $2s left of the ${BUDGET}s budget"
-    printf '%s\tskipped\t0\n' "$1" >> "$OUT/steps.tsv"
-    FAILED+=("$1 (skipped: out of budget)")
-}
-
-here() {  # NAME NOTE CMD...: run CMD (a function of this shell too); log and record how it ended
-    local name=$1 note=$2 began=$SECONDS rc
-    shift 2
-    echo "== $name $note, $(elapsed)s into the run"
-    "$@"
-    rc=$?
-    echo "== $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (time limit)') in $((SECONDS - began))s"
-    printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - began))" >> "$OUT/steps.tsv"
-    ((rc == 0)) || FAILED+=("$name (exit $rc)")
-    return "$rc"
-}
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
 
 install_wheels() {  # the carried wheels, apart from the machine's own packages
     local site
@@ -246,7 +215,7 @@ main() {
     [[ $CUDA == 1 && $DEVICE == auto ]] && DEVICE=cuda
     [[ $CUDA == 0 && $DEVICE == auto ]] && DEVICE=cpu
     # A function of this shell: the wheels put on PYTHONPATH serve every later step.
-    if ! here prerequisites "(limit 90s)" prerequisites; then
+    if ! here prerequisites 90 prerequisites; then
         echo "== gpu_run stopped: a prerequisite is missing (the MISSING line above)"
         return 1
     fi
@@ -261,17 +230,14 @@ main() {
     limit=$(left "$PROBE_RESERVE")
     ((limit > FAMILY_SECONDS)) && limit=$FAMILY_SECONDS
     mkdir -p "$SCRATCH/families"
-    if ((limit < 10)); then
-        skip families "$limit"
-    else  # a function of this shell: each family's process has its own limit within this one
-        here families "(limit ${limit}s)" families "$SCRATCH/families" "$limit"
-    fi
+    # A function of this shell: each family's process has its own limit within this one.
+    skip_if_short families "$limit" && here families "$limit" families "$SCRATCH/families" "$limit"
 
     step capture-probe "$(left 5)" "$PY" -m bench.gpu_capture_probe --out "$OUT" --device "$DEVICE"
 
     echo "== gpu_run done in $(elapsed)s of ${BUDGET}s; in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
     if ((${#FAILED[@]})); then
-        echo "== steps that did not succeed: ${FAILED[*]}"
+        echo "== steps that did not succeed: $(failed_steps)"
         return 1
     fi
     return 0

@@ -65,35 +65,9 @@ SERVE_MIN=60   # what the serve step needs at least (start-up and a short shape)
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_RETRIES=0 PIP_TIMEOUT=5 PIP_NO_INPUT=1
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-elapsed() { echo $((SECONDS - START)); }
-left() { echo $((BUDGET - $(elapsed) - ${1:-0})); }  # seconds of the budget left, less RESERVE
-
-here() {  # NAME LIMIT CMD...: run CMD (a function of this shell too); log and record how it ended
-    local name=$1 limit=$2 began=$SECONDS rc
-    shift 2
-    echo "== $name (limit ${limit}s), $(elapsed)s into the run"
-    "$@"
-    rc=$?
-    echo "== $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (time limit)') in $((SECONDS - began))s"
-    printf '%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - began))" >> "$OUT/steps.tsv"
-    ((rc == 0)) || FAILED+=("$name")
-    return "$rc"
-}
-
-skip_if_short() {  # NAME LIMIT: fails, recording NAME as skipped, when LIMIT is under 10 seconds
-    ((${2} >= 10)) && return 0
-    echo "== $1 skipped: ${2}s left of the ${BUDGET}s budget"
-    printf '%s\tskipped\t0\n' "$1" >> "$OUT/steps.tsv"
-    FAILED+=("$1")
-    return 1
-}
-
-step() {  # NAME LIMIT CMD...: an external command under a time limit (SIGTERM, then SIGKILL 30s later)
-    local name=$1 limit=$2
-    shift 2
-    skip_if_short "$name" "$limit" || return 1
-    here "$name" "$limit" timeout --kill-after=30 "$limit" "$@"
-}
+STEP_KILL_AFTER=30  # a step's SIGTERM, then SIGKILL this long after
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
 
 unpack() {  # ARCHIVE DEST: an xz tar into DEST, whole or not at all
     rm -rf "$2.partial" && mkdir -p "$2.partial" || return 1
