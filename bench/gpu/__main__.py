@@ -179,7 +179,7 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
         return [name for name in names if name not in engines]
 
     def start(name: str, folder: Path = primary, **settings) -> None:
-        progress(f"{name_of_primary}: {name} ...")
+        progress(f"{folder.name}: {name} ...")
         engine = section(f"engine.{name}", bench.engine, name, folder, **settings)
         if engine is not None:
             engines[name] = engine
@@ -255,29 +255,23 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     second = models["bert_base"][0]
     progress(f"{models['bert_base'][1]}: saturation ...")
     bert_memory = memory.open()
-    bert_name = f"bert_base_{primary_dtype}_eager"
-    engine = section(f"engine.{bert_name}", bench.engine, bert_name, second, dtype=primary_dtype)
-    bert = section("saturation.bert_base", lambda: saturation(
-        engine, second, saturation_texts, device, primary_dtype, plan.best_of, results["peak_flops"]),
-        missing=[] if engine is not None else [bert_name])
-    if bert is not None:
-        del bert["sentence_transformers_vectors"]
-        results["saturation"]["bert_base"] = bert
-    del engine
-    if cuda:  # a GPU worker's default engine: packed passes replayed from graphs
+    # Padded eager against sentence-transformers; on CUDA also a GPU worker's default engine,
+    # packed passes replayed from graphs (sentence-transformers' side is the same: not run again).
+    runs = {"bert_base": (f"bert_base_{primary_dtype}_eager", {"dtype": primary_dtype})}
+    if cuda:
+        runs["bert_base_packed_graphs"] = ("bert_base_float16_packed_graphs",
+                                           {"dtype": "float16", "packed": True, "cuda_graphs": True})
+    for role, (name, settings) in runs.items():
+        start(name, second, **settings)
+        row = section(f"saturation.{role}", lambda: saturation(
+            engines[name], second, saturation_texts, device, settings["dtype"], plan.best_of, results["peak_flops"],
+            with_sentence_transformers=role == "bert_base"), missing=absent(name))
+        engines.pop(name, None)
         release(cuda)
-        served = "bert_base_float16_packed_graphs"
-        engine = section(f"engine.{served}", bench.engine, served, second, dtype="float16", packed=True,
-                         cuda_graphs=True)
-        row = section(f"saturation.{served}", lambda: saturation(
-            engine, second, saturation_texts, device, "float16", plan.best_of, results["peak_flops"],
-            with_sentence_transformers=False), missing=[] if engine is not None else [served])
         if row is not None:
-            del row["sentence_transformers_vectors"], row["sentence_transformers"]
-            results["saturation"]["bert_base_packed_graphs"] = row
-        del engine
+            row.pop("sentence_transformers_vectors", None)
+            results["saturation"][role] = row
     results["memory_mib"]["bert_base"] = mib(memory.close(bert_memory))
-    release(cuda)
     return results
 
 

@@ -80,21 +80,21 @@ def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], devi
         "tokenize_s": round(tokenize_s, 4),
         "embed_s": round(embed_s, 4),
     }
-    st, st_vectors = sentence_transformers_encode(model_dir, texts, device, dtype, best_of) \
-        if with_sentence_transformers else (None, None)
 
     def mfu(tflops: float | None) -> float | None:
         return None if not tflops else round(tokens_per_s * flops / (tflops * 1e12), 4)
 
-    return {
+    result = {
         "dtype": dtype,
         "engine": ours,
-        "sentence_transformers": st,
         "gflop_per_token": round(flops / 1e9, 5),
         "mfu": mfu((peak or {}).get("tflops")),
         "mfu_of_measured_matmul": mfu((peak or {}).get("measured_matmul_tflops")),
-        "sentence_transformers_vectors": st_vectors,
     }
+    if with_sentence_transformers:
+        result["sentence_transformers"], result["sentence_transformers_vectors"] = sentence_transformers_encode(
+            model_dir, texts, device, dtype, best_of)
+    return result
 
 
 def packed_against_padded(packed: dict[str, EmbeddingService], padded: dict[str, EmbeddingService],

@@ -280,7 +280,7 @@ def serves_onnx(handler: dict) -> bool:
     engine = handler.get("engine", "auto")
     return (engine != "torch" and handler["device"] in ("auto", "cpu")
             and (handler["dtype"] in ("auto", "float32", "int8") or engine == "openvino")
-            and not handler.get("compile") and not handler.get("packed") is True)
+            and not handler.get("compile") and handler.get("packed") is not True)
 
 
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:
