@@ -34,6 +34,7 @@ from embedserve.handler.assembly import assemble
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
 from tests.support.model_families import FAMILIES, corpus, make_family
+from embedserve.handler.model.inputs import plain_inputs
 
 CUDA_MODES = {  # name -> settings
     "float16_eager": dict(dtype="float16"),
@@ -91,8 +92,8 @@ def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dic
     # Mixed lengths, a few over the model's max length (cut, as served).
     texts = [text * (1 + i % 5) for i, text in enumerate(corpus(count, seed=11))]
     reference_engine, _ = _engine(model_dir, device, dtype="float32", max_batch_size=1, unpadded=True)
-    ids = reference_engine.preparer.token_ids(texts)
-    reference = reference_engine.encoder.embed(ids).vectors.numpy()
+    ids = reference_engine.text.token_ids(texts)
+    reference = reference_engine.encoder.embed(plain_inputs(ids)).vectors.numpy()
     del reference_engine
     rows, vectors = {}, {}
     result = {"family": family, "device": device, "texts": len(texts), "tokens": sum(map(len, ids)),
@@ -135,7 +136,7 @@ def mode(model_dir: Path, device: str, settings: dict, ids: list[list[int]],
     runner = engine.encoder.graph_runner
     before = None if runner is None else (runner.replays, runner.eager)
     try:
-        vectors = np.concatenate([engine.encoder.embed(ids[i:i + TORCHSERVE_BATCH]).vectors.numpy()
+        vectors = np.concatenate([engine.encoder.embed(plain_inputs(ids[i:i + TORCHSERVE_BATCH])).vectors.numpy()
                                   for i in range(0, len(ids), TORCHSERVE_BATCH)])
     except Exception as err:
         return {**row, "error": f"{type(err).__name__}: {err}"[:2000],

@@ -14,6 +14,7 @@ from embedserve.handler.assembly import assemble
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
+from embedserve.handler.model.inputs import plain_inputs
 
 
 def load_engine(model_dir: Path, threads: int, **settings) -> EmbeddingService:
@@ -26,7 +27,7 @@ def bench_engine(engine: EmbeddingService, texts: Sequence[str], repeats: int = 
     best, embedded = float("inf"), None
     for _ in range(repeats):
         started = time.perf_counter()
-        embedded = engine.encoder.embed(engine.preparer.token_ids(texts))
+        embedded = engine.encoder.embed(plain_inputs(engine.text.token_ids(texts)))
         best = min(best, time.perf_counter() - started)
     vectors = l2_normalize(embedded.vectors).numpy()
     return {
@@ -41,7 +42,7 @@ def bench_planner(engine: EmbeddingService, texts: Sequence[str], batch: int = 3
     """Texts/s and padding efficiency embedding `texts` in batches of `batch`, as TorchServe
     hands them to a worker: with the measured pass cost, and with passes filled to the token
     budget (a pass cost so high that fewer passes always win)."""
-    ids = engine.preparer.token_ids(texts)
+    ids = engine.text.token_ids(texts)
     encoder = engine.encoder
     measured = encoder.pass_overhead_tokens
     results = {}
@@ -49,7 +50,7 @@ def bench_planner(engine: EmbeddingService, texts: Sequence[str], batch: int = 3
         encoder.pass_overhead_tokens = overhead
         started, real, padded, passes = time.perf_counter(), 0, 0, 0
         for start in range(0, len(ids), batch):
-            embedded = encoder.embed(ids[start : start + batch])
+            embedded = encoder.embed(plain_inputs(ids[start : start + batch]))
             real, padded, passes = real + embedded.real_tokens, padded + embedded.padded_tokens, passes + embedded.passes
         results[name] = {"texts_per_s": round(len(ids) / (time.perf_counter() - started), 1),
                          "padding_efficiency": round(real / padded, 3), "forward_passes": passes}

@@ -6,8 +6,9 @@ tokenize, encode, TorchServe's own) overlap the device's passes?
 The real TorchServe serves the tiny random model (its pass nearly free) through a stand-in device:
 every pass holds a lock the server's workers share, as one GPU serializes their passes, and
 waits D ms there without using a CPU core, the way a host thread waits on a kernel
-(EMBEDSERVE_TEST_FAULTS=device_pass_ms=D, embedserve/handler/execution/faults.py). The build forces
-one pass per batch, so D is the device time of a TorchServe batch.
+(EMBEDSERVE_TEST_FAULTS=device_pass_ms=D, tests/support/faults.py, through the tests' worker entry
+tests/support/fault_entry.py). The build forces one pass per batch, so D is the device time of a
+TorchServe batch.
 
 H, the host time of a batch, is measured with a free device (D = 0) and one worker: b / texts/s,
 b the mean batch the server formed (from its EmbedBatches and EmbedInputs metrics). Host and
@@ -29,10 +30,11 @@ from pathlib import Path
 from bench.load import run_load, warm_up
 from bench.request_path import short_texts
 from embedserve.archive.build import main as build_main
-from embedserve.handler.execution.faults import FAULTS_ENV
 from embedserve.handler.worker.cpu_features import describe_cpu
 from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.support.client import metric_samples
+from tests.support.faults import FAULTS_ENV
+from tests.support.serving import with_fault_entry
 from tests.support.tiny_model import make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,6 +66,7 @@ def _serve_and_load(root: Path, model: Path, workers: int, delay: int, clients: 
                    "--config", str(config), "--workers", str(workers), "--skip-check",
                    "--set", f"cpu_threads={cpu_threads}", *ONE_PASS_PER_BATCH]) != 0:
         raise SystemExit("building the tiny archive failed")
+    with_fault_entry(root / "model_store" / "tiny.mar")  # its workers run the stand-in device
     previous = os.environ.get(FAULTS_ENV)
     os.environ[FAULTS_ENV] = f"device_pass_ms={delay}"  # the workers inherit it from the frontend
     server = TorchServe(config, root)

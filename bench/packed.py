@@ -45,6 +45,7 @@ from embedserve.handler.model.packed_forward import GROUPED_SDPA, grouped_attent
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.planner import plan_packed
 from embedserve.handler.service import EmbeddingService
+from embedserve.handler.model.inputs import plain_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 THREADS = 2
@@ -185,11 +186,11 @@ def compare_engines(model_dir: Path, texts: list[str], rounds: int) -> dict:
         assert onnx.encoder.describe()["engine"] == "onnxruntime", onnx.encoder.describe()
         packed = load_engine(model_dir, THREADS, engine="torch", packed=True, lend_idle_cpus=False)
         assert packed.info()["layout"] == "packed", packed.info()
-        rows = padded.preparer.token_ids(texts)
+        rows = padded.text.token_ids(texts)
 
         def run_engine(engine: EmbeddingService) -> Callable[[list[list[int]]], Run]:
             def run(request: list[list[int]]) -> Run:
-                embedded = engine.encoder.embed(request)
+                embedded = engine.encoder.embed(plain_inputs(request))
                 return Run(embedded.vectors, embedded.padded_tokens, embedded.passes)
             return run
 

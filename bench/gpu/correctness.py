@@ -11,6 +11,7 @@ import numpy as np
 from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary_words
 from bench.gpu.common import TORCHSERVE_BATCH
 from embedserve.handler.service import EmbeddingService
+from embedserve.handler.model.inputs import plain_inputs
 
 
 def mode_correctness(engine: EmbeddingService, name: str, texts: list[str], reference: np.ndarray,
@@ -32,8 +33,8 @@ def mode_correctness(engine: EmbeddingService, name: str, texts: list[str], refe
 
 
 def embed_batches(engine: EmbeddingService, texts: list[str], batch: int = TORCHSERVE_BATCH) -> np.ndarray:
-    ids = engine.preparer.token_ids(texts)
-    return np.concatenate([engine.encoder.embed(ids[i : i + batch]).vectors.numpy()
+    ids = engine.text.token_ids(texts)
+    return np.concatenate([engine.encoder.embed(plain_inputs(ids[i : i + batch])).vectors.numpy()
                            for i in range(0, len(ids), batch)])
 
 
@@ -67,7 +68,7 @@ def adversarial(engines: dict[str, EmbeddingService], reference: EmbeddingServic
     goes into `results` as it is done; each engine's run of a case is a `section` of its own."""
     tokenizer = load_tokenizer(Path(model_dir) / "tokenizer.json")
     words, rng = vocabulary_words(tokenizer), random.Random(7)
-    longest = min(256, reference.preparer.max_length)
+    longest = min(256, reference.text.max_length)
 
     def text(tokens: int) -> str:
         return text_of_length(tokenizer, words, rng, min(tokens, longest))
@@ -81,9 +82,9 @@ def adversarial(engines: dict[str, EmbeddingService], reference: EmbeddingServic
     }
     for case, calls in cases.items():
         texts = [t for call in calls for t in call]
-        expected = reference.encoder.embed(reference.preparer.token_ids(texts)).vectors.numpy()
+        expected = reference.encoder.embed(plain_inputs(reference.text.token_ids(texts))).vectors.numpy()
         rows, outputs = {}, {}
-        results[case] = {"tokens": [len(ids) for ids in reference.preparer.token_ids(texts)], "modes": rows}
+        results[case] = {"tokens": [len(ids) for ids in reference.text.token_ids(texts)], "modes": rows}
         for name, engine in engines.items():
             row = section(f"correctness.adversarial.{case}.{name}", _adversarial_row, engine, name, case, calls,
                           expected, outputs)
@@ -116,7 +117,7 @@ def _embed_calls(engine: EmbeddingService, calls: list[list[str]], one_pass: boo
     if one_pass:  # a pass so dear that the planner never splits
         encoder.pass_overhead_tokens = 10**9
     try:
-        embedded = [encoder.embed(engine.preparer.token_ids(call)) for call in calls]
+        embedded = [encoder.embed(plain_inputs(engine.text.token_ids(call))) for call in calls]
     finally:
         encoder.pass_overhead_tokens = measured
     return np.concatenate([e.vectors.numpy() for e in embedded]), sum(e.passes for e in embedded)

@@ -16,6 +16,7 @@ from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary
 from bench.gpu.common import ST_BATCH_SIZES, TORCHSERVE_BATCH
 from bench.inprocess import flops_per_token
 from embedserve.handler.service import EmbeddingService, RawRequest
+from embedserve.handler.model.inputs import plain_inputs
 
 LATENCY_TOKENS = (16, 64, 128)
 
@@ -29,16 +30,16 @@ def latency(engines: dict[str, EmbeddingService], model_dir: Path, repeats: int,
     for tokens in LATENCY_TOKENS:
         text = text_of_length(tokenizer, words, rng, tokens)
         for name, engine in engines.items():
-            ids = engine.preparer.token_ids([text])
+            ids = engine.text.token_ids([text])
             for _ in range(max(3, repeats // 20)):  # warm this shape up
-                engine.encoder.embed(ids)
+                engine.encoder.embed(plain_inputs(ids))
             wall, events = [], []
             for _ in range(repeats):
                 if cuda:
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                 began = time.perf_counter()
-                engine.encoder.embed(ids)
+                engine.encoder.embed(plain_inputs(ids))
                 wall.append((time.perf_counter() - began) * 1e3)
                 if cuda:
                     end.record()
@@ -60,10 +61,10 @@ def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], devi
     tokenize_s, embed_s = float("inf"), float("inf")
     for _ in range(best_of):
         began = time.perf_counter()
-        ids = engine.preparer.token_ids(texts)
+        ids = engine.text.token_ids(texts)
         tokenize_s = min(tokenize_s, time.perf_counter() - began)
         began = time.perf_counter()
-        embedded = engine.encoder.embed(ids)  # returns on the host: the device is done
+        embedded = engine.encoder.embed(plain_inputs(ids))  # returns on the host: the device is done
         embed_s = min(embed_s, time.perf_counter() - began)
     lengths = np.array([len(row) for row in ids], dtype=np.float64)
     # Attention's cost per token grows with its sequence's length: weigh lengths by their tokens.
@@ -104,14 +105,14 @@ def packed_against_padded(packed: dict[str, EmbeddingService], padded: dict[str,
     ratio to each padded one."""
     engines = {**packed, **padded}
     first = next(iter(packed.values()))
-    ids = first.preparer.token_ids(texts)
+    ids = first.text.token_ids(texts)
     batches = [ids[start:start + TORCHSERVE_BATCH] for start in range(0, len(ids), TORCHSERVE_BATCH)]
     best = dict.fromkeys(engines, float("inf"))
     computed = dict.fromkeys(engines, 0)
     for round_ in range(best_of):
         for name, engine in engines.items():
             began = time.perf_counter()
-            runs = [engine.encoder.embed(batch) for batch in batches]  # each returns on the host
+            runs = [engine.encoder.embed(plain_inputs(batch)) for batch in batches]  # each returns on the host
             best[name] = min(best[name], time.perf_counter() - began)
             computed[name] = sum(run.padded_tokens for run in runs)
     real = sum(map(len, ids))

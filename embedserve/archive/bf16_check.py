@@ -25,6 +25,7 @@ from embedserve.handler.backends.onnx_runtime import ONNX_FILE
 from embedserve.handler.backends.openvino_runtime import openvino_available
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.settings import Settings
+from embedserve.handler.model.inputs import plain_inputs
 
 BF16_MIN_COSINE = 0.999
 
@@ -89,4 +90,4 @@ def _embed(model_dir: Path, handler: dict, texts: list[str], *, engine: str, dty
     transformer = getattr(service.encoder.backend, "transformer", None)
     if dtype == "bfloat16" and getattr(transformer, "dtype", torch.bfloat16) != torch.bfloat16:
         return None
-    return l2_normalize(service.encoder.embed(service.preparer.token_ids(texts)).vectors)
+    return l2_normalize(service.encoder.embed(plain_inputs(service.text.token_ids(texts))).vectors)

@@ -33,10 +33,11 @@ from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.onnx_export import export_onnx
 from embedserve.archive.smoke import SmokeError, check_model
 from embedserve.archive.stage import PICKLE_SUFFIXES, StageError, stage_model
+from embedserve.archive.swagger_ui import stage_assets
 from embedserve.archive.ts_config import read_properties, register_model, update_properties
-from embedserve.handler.api.codec import max_answer_bytes
+from embedserve.handler.tasks.embed import max_answer_bytes
 from embedserve.handler.backends.onnx_runtime import ONNX_FILE
-from embedserve.handler.api.scoring import scoring_answer_bytes
+from embedserve.handler.tasks.score import scoring_answer_bytes
 from embedserve.handler.model.files import describe_model
 from embedserve.handler.settings import Settings
 
@@ -108,6 +109,7 @@ def build(args: argparse.Namespace) -> Path:
         stage = Path(tmp) / "stage"
         stage_model(source, stage / "model")
         stage_handler(stage)
+        print(stage_assets(stage), file=sys.stderr)  # the API page's files, or why not
         write_metrics_config(stage / METRICS_FILE)
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
         description = describe_model(stage / "model").served_with(config["handler"]["pooling"])
@@ -322,7 +324,7 @@ def run_archiver(args: argparse.Namespace, stage: Path, config_file: Path) -> Pa
     command = [
         str(archiver if archiver.exists() else shutil.which("torch-model-archiver") or "torch-model-archiver"),
         "--model-name", args.name, "--version", args.version,
-        "--handler", str(stage / "embedserve" / "handler" / "ts_handler.py"),
+        "--handler", str(stage / "embedserve" / "handler" / "torchserve" / "entry.py"),
         "--extra-files", str(stage),  # a folder's contents land at the archive root: embedserve/, model/
         "--config-file", str(config_file),
         "--export-path", str(args.export_path), "--force",

@@ -37,6 +37,7 @@ from embedserve.handler.model.loading import TorchTransformer, quantizable_layer
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
+from embedserve.handler.model.inputs import plain_inputs
 
 # Calibration floor, above the promise made for int8 (mean >= 0.99, min >= 0.97 on other texts).
 MEAN_COSINE_FLOOR = 0.993
@@ -122,7 +123,7 @@ def _calibration_engine(model_dir: Path, handler_section: dict, engine: str) -> 
                                       "engine": engine, "cache_entries": 0, "redis_url": ""})
     loaded = assemble(model_dir, settings, model_name="calibration", cuda_available=False, warm=False)
     texts = mixed_corpus(model_dir / "tokenizer.json", CALIBRATION_TEXTS, seed=CALIBRATION_SEED)
-    return loaded, loaded.preparer.token_ids(texts)
+    return loaded, loaded.text.token_ids(texts)
 
 
 def _keep_until_within_floor(units: list[str], cosines: Callable[[list[str]], torch.Tensor],
@@ -145,4 +146,4 @@ def _keep_until_within_floor(units: list[str], cosines: Callable[[list[str]], to
 
 
 def _embed(encoder: Encoder, ids: list[list[int]]) -> torch.Tensor:
-    return l2_normalize(encoder.embed(ids).vectors)
+    return l2_normalize(encoder.embed(plain_inputs(ids)).vectors)

@@ -49,7 +49,7 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
     engine = assemble(model_dir, settings, model_name="check", cuda_available=False, warm=True)
     info = engine.info()
-    preparer = engine.preparer
+    preparer = engine.text
     prompts = ", ".join(f"{name}={text!r}" for name, text in preparer.prompts.items()) or "none"
     lines = [
         f"architecture: {info['architecture']} (engine: {info['engine']})",
@@ -81,7 +81,7 @@ def _compare_scores(engine, model_dir: Path) -> str:
 
     try:
         reference = CrossEncoder(str(model_dir), device="cpu", local_files_only=True,
-                                 max_length=engine.preparer.max_length)
+                                 max_length=engine.text.max_length)
     except Exception as err:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     import torch
@@ -115,9 +115,9 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
         reference = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
     except Exception as err:  # its own limits are not the model's fault; say so, do not fail
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
-    reference.max_seq_length = engine.preparer.max_length
+    reference.max_seq_length = engine.text.max_length
     cosines = []
-    for name in [None, *engine.preparer.prompts]:
+    for name in [None, *engine.text.prompts]:
         want = reference.encode(list(TEXTS), prompt_name=name, convert_to_numpy=True)
         got = _served(engine, {"input": list(TEXTS), **({"prompt_name": name} if name else {})})
         cosines.extend((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1))

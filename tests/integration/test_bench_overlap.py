@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench.overlap import measure
-from embedserve.handler.execution.faults import FaultInjection
+from tests.support.faults import FaultInjection
 
 
 def test_the_stand_in_device_serializes_passes_without_a_cpu(tmp_path, monkeypatch):

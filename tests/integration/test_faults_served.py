@@ -1,5 +1,6 @@
-"""Out-of-memory and device failures in a real TorchServe worker started with
-EMBEDSERVE_TEST_FAULTS (in-process: tests/unit/execution/test_faults.py)."""
+"""Out-of-memory and device failures in a real TorchServe worker that injects them: its archive
+starts it through tests/support/fault_entry.py, which reads EMBEDSERVE_TEST_FAULTS (in-process:
+tests/unit/execution/test_faults.py)."""
 
 import time
 
@@ -7,7 +8,6 @@ import numpy as np
 import pytest
 import requests
 
-from embedserve.handler.execution.faults import FAULTS_ENV
 from tests.support.client import concurrently, predict, vectors
 from tests.support.engines import matrix
 from tests.support.faults import LONG, OOM_ABOVE, POISON_TOKEN, SHORT, answers
@@ -18,8 +18,8 @@ from tests.support.serving import FLOAT32, serving
 def faulty_server(tmp_path_factory, tiny_model_dir):
     tiny = [*FLOAT32, "--model", str(tiny_model_dir), "--name", "tiny", "--workers", "1", "--batch-size", "8",
             "--max-batch-delay", "150", "--set", "max_batch_tokens=4096"]
-    faults = {FAULTS_ENV: f"oom_above_tokens={OOM_ABOVE},device_error_token={POISON_TOKEN}"}
-    with serving(tmp_path_factory.mktemp("faults"), tiny, env=faults) as ts:  # the workers inherit it
+    faults = f"oom_above_tokens={OOM_ABOVE},device_error_token={POISON_TOKEN}"
+    with serving(tmp_path_factory.mktemp("faults"), tiny, faults=faults) as ts:
         yield ts
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import requests
 
-from embedserve.handler.api.codec import max_answer_bytes
+from embedserve.handler.tasks.embed import max_answer_bytes
 from tests.support.model_families import MIN_COSINE, TEXTS, min_cosine
 from tests.support.pipelines import without_normalize
 from tests.support.serving import FLOAT32, serving

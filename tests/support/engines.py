@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from embedserve.handler.assembly import assemble
+from embedserve.handler.torchserve.profile import TORCHSERVE
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
 
@@ -26,7 +27,7 @@ TEXTS = [
 def make_engine(model_dir: Path, **settings) -> EmbeddingService:
     """A service on one CPU thread, cold: tests that need the measured speed warm it up themselves."""
     config = Settings.from_mapping({"device": "cpu", "cpu_threads": 1, **settings})
-    return assemble(model_dir, config, model_name="tiny", cuda_available=False, warm=False)
+    return assemble(model_dir, config, model_name="tiny", cuda_available=False, warm=False, server=TORCHSERVE)
 
 
 def float64_reference(model_dir, texts, max_length=48, pooling="mean", normalize=True):

@@ -10,8 +10,8 @@ import torch
 
 from embedserve.handler.backends.base import Backend
 from embedserve.handler.execution.encoder import Encoder
-from embedserve.handler.execution.faults import FaultInjectingBackend, FaultInjection
 from embedserve.handler.execution.select import ModelParts
+from tests.support.faults import FaultInjectingBackend, FaultInjection
 
 
 def on_backend(encoder: Encoder, backend: Backend, *, placement=None, lending=None, **cost) -> Encoder:
@@ -30,7 +30,7 @@ def parts_of(engine) -> ModelParts:
     not read (it captures the backend's whole pass)."""
     return ModelParts(pooling=engine.encoder.pooling, head=(), pad_id=engine.encoder.pad_id,
                       max_batch_size=engine.settings.max_batch_size, max_positions=engine.encoder.max_positions,
-                      max_length=engine.preparer.max_length)
+                      max_length=engine.text.max_length)
 
 
 def torch_model(encoder: Encoder) -> torch.nn.Module:
@@ -50,8 +50,8 @@ class ObservedBackend:
     def plan(self, lengths, cost):
         return self.backend.plan(lengths, cost)
 
-    def prepare(self, rows, unpooled, second=None):
-        return self.backend.prepare(rows, unpooled, second)
+    def prepare(self, rows):
+        return self.backend.prepare(rows)
 
     def run(self, inputs, *, eager=False):
         if self.observe is not None:
@@ -67,13 +67,13 @@ class ObservedBackend:
 
 
 def with_faults(service, faults: FaultInjection):
-    """`service`'s twin whose passes first meet `faults` (as EMBEDSERVE_TEST_FAULTS makes a worker's)."""
+    """`service`'s twin whose passes first meet `faults` (as tests/support/fault_entry.py makes a worker's)."""
     return backed_by(service, FaultInjectingBackend(service.encoder.backend, faults))
 
 
 def backed_by(service, backend: Backend):
     """`service`'s twin, its encoder on `backend`."""
-    return service.with_encoder(service.encoder.with_backend(backend))
+    return replace(service, encoder=service.encoder.with_backend(backend))
 
 
 def poisoned(service, token: int, nan: bool = False):

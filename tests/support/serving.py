@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from embedserve.archive.build import main as build_main
 from embedserve.archive.ts_config import update_properties
 from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.support import REPO
+from tests.support.faults import FAULTS_ENV
 
 # Builds whose vectors tests hold to float32's precision (atol 1e-5, min cosine 0.9999) pin it: under
 # the default dtype, a CPU with bf16 units may serve bfloat16 (embedserve/handler/execution/engine_trial.py),
@@ -20,6 +23,10 @@ FLOAT32 = ["--dtype", "float32"]
 # delay, so concurrent requests share batches.
 TINY_BATCH_SIZE = 8
 TINY_BATCH_DELAY_MS = 150
+
+# The entry of a worker that injects faults, and what it imports beside the archive's embedserve/.
+FAULT_ENTRY = "fault_entry.py"
+FAULT_MODULES = ("tests/__init__.py", "tests/support/__init__.py", "tests/support/faults.py")
 
 
 def make_server_config(root: Path, **properties: str) -> Path:
@@ -32,13 +39,39 @@ def build(config: Path, *args: str) -> None:
     assert code == 0, f"build_mar failed for {args}"
 
 
+def with_fault_entry(mar: Path) -> None:
+    """Make the built archive `mar` start its workers through tests/support/fault_entry.py, which
+    injects the faults EMBEDSERVE_TEST_FAULTS names: the entry goes to the archive's root, where the
+    build puts the real one, and into the manifest; the test modules it imports go beside embedserve/,
+    where the worker imports them from."""
+    rewritten = mar.with_name(f"{mar.name}.part")
+    with zipfile.ZipFile(mar) as built, zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member in built.infolist():
+            data = built.read(member)
+            if member.filename == "MAR-INF/MANIFEST.json":
+                manifest = json.loads(data)
+                manifest["model"]["handler"] = FAULT_ENTRY
+                data = json.dumps(manifest, indent=2).encode()
+            archive.writestr(member, data)
+        archive.write(REPO / "tests" / "support" / FAULT_ENTRY, FAULT_ENTRY)
+        for path in FAULT_MODULES:
+            archive.write(REPO / path, path)
+    rewritten.replace(mar)
+
+
 @contextmanager
-def serving(root: Path, *builds: list[str], env: dict[str, str] | None = None, **properties: str):
+def serving(root: Path, *builds: list[str], env: dict[str, str] | None = None, faults: str = "",
+            **properties: str):
     """A real TorchServe in `root` serving the archives `builds` makes (build_mar.sh arguments
-    each), on free loopback ports; `env` is set while it starts and until it embeds."""
+    each), on free loopback ports; `env` is set while it starts and until it embeds. `faults`
+    (e.g. "oom_above_tokens=40"): the workers inject them (with_fault_entry)."""
     config = make_server_config(root)
     for args in builds:
         build(config, *args)
+    if faults:
+        for mar in (config.parent / "model_store").glob("*.mar"):
+            with_fault_entry(mar)
+        env = {**(env or {}), FAULTS_ENV: faults}  # the workers inherit it from the frontend
     update_properties(config, properties)  # after the builds, which rewrite job_queue_size
     ts = TorchServe(config, root)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from embedserve.handler.api.codec import Route
+from embedserve.handler.api.route import Route
 from embedserve.handler.settings import Settings
 from tests.support.doc_commands import NOT_RUN, RUN_LANGUAGES, blocks
 

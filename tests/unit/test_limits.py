@@ -5,15 +5,18 @@ forward pass, the cache and the encoding mapped back to the requests they belong
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from embedserve.handler.api import output
-from embedserve.handler.api.codec import EmbeddingRequest, Options, Route, encode_embeddings, max_answer_bytes
 from embedserve.handler.api.quantize import OUTPUT_DTYPES, quantize
-from embedserve.handler.assembly import bound_work
+from embedserve.handler.api.route import Route
+from embedserve.handler.assembly import with_work_bound
+from embedserve.handler.routes.table import ROUTES
 from embedserve.handler.service import RawRequest
+from embedserve.handler.tasks.embed import EmbeddingRequest, Options, max_answer_bytes
+from tests.support.wire import encode_embeddings
 from tests.support.engines import make_engine
 from tests.support.parts import poisoned
 
@@ -73,8 +76,7 @@ def test_base64_codes_on_the_openai_route_are_bounded_as_float32(tiny_model_dir)
 
 def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny_engine):
     engine = make_engine(tiny_model_dir)
-    engine.tokens_per_second = 80.0
-    bound_work(engine, response_timeout_s=1.0)  # 40 tokens of work per batch
+    engine = with_work_bound(engine, 80.0, response_timeout_s=1.0)  # 40 tokens of work per batch
     assert engine.batch_work_tokens == 40 and engine.info()["max_tokens_per_request"] == 40
     long = [" ".join(["embedding"] * 20)] * 3  # 3 x 22 tokens
     bodies = [{"input": SHORT[:2]}, {"input": long}, {"input": SHORT[2:]}, {"input": SHORT[:3]},
@@ -120,14 +122,15 @@ def test_a_cache_that_fails_costs_hits_not_answers(tiny_model_dir):
 
 
 def test_an_encoding_failure_fails_its_request_alone(tiny_engine, monkeypatch):
-    encode = output.encode
+    def fragile(encode):
+        def encode_or_fail(request, result, model_name):
+            if request.options.dimensions == 7:
+                raise ValueError("a bug in one answer's encoding")
+            return encode(request, result, model_name)
+        return encode_or_fail
 
-    def fragile(job, vectors, model_name):
-        if job.request.options.dimensions == 7:
-            raise ValueError("a bug in one answer's encoding")
-        return encode(job, vectors, model_name)
-
-    monkeypatch.setattr(output, "encode", fragile)
+    for route in (Route.NATIVE, Route.TEI_EMBED):
+        monkeypatch.setitem(ROUTES, route, replace(ROUTES[route], encode=fragile(ROUTES[route].encode)))
     responses, out, report = answers(tiny_engine, [{"input": SHORT}, {"input": SHORT, "dimensions": 7},
                                                    {"inputs": SHORT, "dimensions": 7}])
     assert [r.status for r in responses] == [200, 500, 500]
@@ -147,8 +150,8 @@ def test_a_failing_forward_pass_is_traced_to_its_request(tiny_model_dir):
 def test_one_tokenizer_call_per_batch_and_token_limits_stay_with_their_request(tiny_model_dir, monkeypatch):
     engine = make_engine(tiny_model_dir, max_tokens_per_request=30)
     calls = []
-    body_ids = engine.preparer.tokenizer.body_ids
-    monkeypatch.setattr(engine.preparer.tokenizer, "body_ids", lambda texts: calls.append(len(texts)) or body_ids(texts))
+    body_ids = engine.text.tokenizer.body_ids
+    monkeypatch.setattr(engine.text.tokenizer, "body_ids", lambda texts: calls.append(len(texts)) or body_ids(texts))
     long = " ".join(["embedding"] * 60)
     bodies = [{"input": SHORT}, {"input": ["hello", long], "truncate": False}, {"input": "the cat sat"},
               {"input": [long, "x"]}, {"input": [[5, 6, 7], "a b"], "prompt_name": "query"}, {"input": []}]
@@ -166,14 +169,14 @@ def test_one_tokenizer_call_per_batch_and_token_limits_stay_with_their_request(t
 
 def test_a_text_that_breaks_the_tokenizer_fails_its_request_alone(tiny_model_dir, monkeypatch):
     engine = make_engine(tiny_model_dir)
-    body_ids = engine.preparer.tokenizer.body_ids
+    body_ids = engine.text.tokenizer.body_ids
 
     def fragile(texts):
         if any("poison" in text for text in texts):
             raise RuntimeError("a tokenizer bug")
         return body_ids(texts)
 
-    monkeypatch.setattr(engine.preparer.tokenizer, "body_ids", fragile)
+    monkeypatch.setattr(engine.text.tokenizer, "body_ids", fragile)
     responses, out, report = answers(engine, [{"input": SHORT}, {"input": ["poison"]}, {"inputs": "poison"},
                                               {"input": "the cat"}])
     assert [r.status for r in responses] == [200, 500, 500, 200]

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from embedserve.handler.assembly import warm_up
+from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.service import RawRequest
 from tests.support.engines import TEXTS, float64_reference, make_engine
-from tests.support.parts import torch_model
+from tests.support.faults import FaultInjection
+from tests.support.parts import torch_model, with_faults
 
 
 def embed(engine, body, url_path="", content_type="application/json"):
@@ -55,7 +57,7 @@ def test_many_texts_across_sub_batches_equal_one_at_a_time(tiny_model_dir):
 def test_encoder_counts_real_and_padded_tokens(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=64, max_batch_size=4, pass_overhead_tokens=32)
     ids = [[2] * n for n in (3, 10, 4, 9, 30)]
-    embedded = engine.encoder.embed(ids)
+    embedded = engine.encoder.embed(plain_inputs(ids))
     assert embedded.real_tokens == 56
     # Sorted 30, 10, 9, 4, 3: [30] alone, then [10, 9, 4, 3] padded to 10. Cutting after 10
     # instead ([30, 10] padded to 30, [9, 4, 3] to 9) is also two passes but pads 87 tokens.
@@ -153,7 +155,7 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
     def broken(texts, add_special_tokens):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(engine.preparer.tokenizer, "tokens", broken)
+    monkeypatch.setattr(engine.text.tokenizer, "tokens", broken)
     responses = engine.handle([RawRequest(b'{"inputs": "x"}', "application/json", "tokenize"),
                                RawRequest(b'{"input": "y"}', "application/json", "")])
     assert [r.status for r in responses] == [500, 200]
@@ -165,7 +167,7 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
 def test_warmup_measures_what_a_forward_pass_costs(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=512)
     assert engine.info()["pass_overhead_tokens"] == 32  # the default until measured
-    warm_up(engine)
+    warm_up(engine.encoder, engine.text)
     measured = engine.info()["pass_overhead_tokens"]
     assert 1 <= measured <= 512
     assert engine.encoder.pass_overhead_tokens == measured
@@ -173,10 +175,10 @@ def test_warmup_measures_what_a_forward_pass_costs(tiny_model_dir):
 
 def test_a_set_pass_cost_is_kept_through_warmup(tiny_model_dir):
     engine = make_engine(tiny_model_dir, pass_overhead_tokens=5000)
-    warm_up(engine)
+    warm_up(engine.encoder, engine.text)
     assert engine.encoder.pass_overhead_tokens == 5000
     # At that price the planner fills passes to the budget: 40 texts of up to 8 tokens in one.
-    assert engine.encoder.embed([[2] * (1 + i % 8) for i in range(40)]).passes == 1
+    assert engine.encoder.embed(plain_inputs([[2] * (1 + i % 8) for i in range(40)])).passes == 1
 
 
 def test_requests_that_differ_in_dimensions_and_normalize_share_a_batch(tiny_engine):
@@ -205,7 +207,7 @@ def test_packed_passes_give_the_padded_vectors_and_compute_no_padding(tiny_model
         [ours], [expected] = packed.handle([RawRequest(body)]), padded.handle([RawRequest(body)])
         ours, expected = (np.array([d["embedding"] for d in json.loads(r.body)["data"]]) for r in (ours, expected))
         assert (ours * expected).sum(axis=1).min() >= 0.9999, body
-    embedded = packed.encoder.embed(packed.preparer.token_ids(texts))
+    embedded = packed.encoder.embed(plain_inputs(packed.text.token_ids(texts)))
     assert embedded.padded_tokens == embedded.real_tokens
 
 
@@ -232,14 +234,11 @@ def test_packed_passes_fall_back_to_padded_where_unsupported_or_unverified(famil
     assert "its check failed (RuntimeError: no kernel image" in caplog.text
 
 
-def test_packed_out_of_memory_splits_the_pass(tiny_model_dir, monkeypatch):
-    from embedserve.handler.execution.faults import FAULTS_ENV
-
+def test_packed_out_of_memory_splits_the_pass(tiny_model_dir):
     reference = make_engine(tiny_model_dir, packed=True)
-    ids = reference.preparer.token_ids(TEXTS)
-    monkeypatch.setenv(FAULTS_ENV, "oom_above_tokens=24")
-    engine = make_engine(tiny_model_dir, packed=True)
-    embedded, expected = engine.encoder.embed(ids), reference.encoder.embed(ids)
+    ids = reference.text.token_ids(TEXTS)
+    engine = with_faults(make_engine(tiny_model_dir, packed=True), FaultInjection(oom_above_tokens=24))
+    embedded, expected = engine.encoder.embed(plain_inputs(ids)), reference.encoder.embed(plain_inputs(ids))
     fits = [i for i, row in enumerate(ids) if len(row) <= 24]
     assert embedded.passes > expected.passes and 0 < len(fits) < len(ids)
     assert embedded.too_large == frozenset(range(len(ids))) - set(fits)  # over the limit alone: 507 for its request

@@ -1,20 +1,9 @@
 """Typed request errors: each knows its HTTP status and renders itself in the route's error shape.
 
 Every error is of one kind (KINDS, below), which fixes its status, its OpenAI `code` and its TEI
-status and `error_type`; the OpenAPI document (openapi.py) lists the same table. Statuses, the
-same on every route except where noted:
-  400  malformed: invalid JSON or UTF-8, wrong types, empty input
-  404  unknown route
-  405  an embeddings route called without a body, as a GET does (TorchServe does not tell the
-       handler the method; codec.py)
-  413  over a size limit: inputs per request, characters per input, tokens, answer bytes
-  422  valid JSON that cannot be processed (unknown prompt, dimensions out of range, token ids
-       outside the vocabulary, ...) on the TEI routes, as TEI answers; 400 on the others
-  500  an unexpected failure preparing, embedding or encoding one request, or a non-finite
-       vector (logged; the rest of its batch is served)
-  503  the batch's work budget is full (429 on TEI routes), or the worker's device failed and
-       the worker is being replaced: a retry succeeds
-  507  an input that does not fit in memory even alone (a larger batch is split and retried)
+status and `error_type`. KINDS is the source of truth: the OpenAPI document (openapi.py) lists it,
+and the table for people is docs/api.md's "Errors" section, which tests/unit/test_docs_errors.py
+holds to KINDS.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from embedserve.handler.model.inputs import ModelInput
+
 
 @dataclass(frozen=True)
 class PassCost:
@@ -48,10 +50,8 @@ class Backend(Protocol):
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         """Item indices per pass, at the least cost."""
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
-                second: Sequence[int] | None = None) -> PassInputs:
-        """One pass laid out on the device; `unpooled[i]`: row i's leading tokens pooling skips;
-        `second[i]`: where row i's second text starts, for a scoring model's pair (0: none)."""
+    def prepare(self, rows: Sequence[ModelInput]) -> PassInputs:
+        """One pass laid out on the device, a row per input (model/inputs.py)."""
 
     def run(self, inputs: PassInputs, *, eager: bool = False) -> torch.Tensor:
         """(rows, dimension) float32, in row order; `eager` skips any graph. A replayed graph's

@@ -13,6 +13,7 @@ import torch
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.packed_forward import PackedInputs, PackedTransformer, pack, pool_packed
 from embedserve.handler.scheduling.planner import plan_packed
 from embedserve.handler.worker.transfer import to_device
@@ -39,12 +40,12 @@ class PackedBackend:
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         return plan_packed(lengths, cost.max_batch_tokens, cost.max_batch_size)
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
-                second: Sequence[int] | None = None) -> PackedInputs:
-        if second and any(second):  # select.py never packs a scoring model
+    def prepare(self, rows: Sequence[ModelInput]) -> PackedInputs:
+        if any(row.second for row in rows):  # select.py never packs a scoring model
             raise ValueError("packed passes carry no token types")
-        packed = pack(rows, self.device)
-        prompts = None if unpooled is None else to_device(np.asarray(unpooled, dtype=np.int64), self.device)
+        packed = pack([row.ids for row in rows], self.device)
+        unpooled = np.fromiter((row.unpooled for row in rows), dtype=np.int64, count=len(rows))
+        prompts = to_device(unpooled, self.device) if unpooled.any() else None
         return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts)
 
     def run(self, inputs: PackedInputs, *, eager: bool = False) -> torch.Tensor:

@@ -18,7 +18,8 @@ import torch
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.cuda_graphs import GraphRunner
-from embedserve.handler.model.pooling import PROMPT, SECOND_SEGMENT, pool
+from embedserve.handler.model.inputs import ModelInput, TokenRole
+from embedserve.handler.model.pooling import pool
 from embedserve.handler.scheduling.planner import Replay, padded_length, plan_sub_batches
 from embedserve.handler.worker.transfer import to_device
 
@@ -30,7 +31,7 @@ Transformer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.
 
 class PaddedInputs(NamedTuple):
     ids: torch.Tensor  # (rows, length) int64, padding ids after each row's tokens
-    mask: torch.Tensor  # (rows, length): 0 padding, 1 pooled, PROMPT attended but not pooled, SECOND_SEGMENT
+    mask: torch.Tensor  # (rows, length): each position's TokenRole
 
 
 class PaddedBackend:
@@ -69,23 +70,23 @@ class PaddedBackend:
         return plan_sub_batches(lengths, cost.max_batch_tokens, cost.max_batch_size, self.pad_multiple,
                                 cost.pass_overhead_tokens, replay)
 
-    def prepare(self, rows: Sequence[Sequence[int]], unpooled: Sequence[int] | None,
-                second: Sequence[int] | None = None) -> PaddedInputs:
-        """Right-pad to the longest row, rounded up to the pad multiple; the mask marks padding,
-        pooled tokens, prompt tokens pooling leaves out (embedserve/handler/model/pooling.py) and
-        a pair's second text, from token `second[i]` of row i (0: a single text)."""
+    def prepare(self, rows: Sequence[ModelInput]) -> PaddedInputs:
+        """Right-pad to the longest row, rounded up to the pad multiple; the mask holds each
+        position's TokenRole: padding, pooled, a prompt pooling leaves out, a pair's second text."""
         sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         length = padded_length(int(sizes.max()), self.pad_multiple)
         positions = np.arange(length)
         real = positions < sizes[:, None]  # (rows, length): True on each row's own tokens
         ids = np.full((len(rows), length), self.pad_id, dtype=np.int64)
-        ids[real] = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(sizes.sum()))  # row by row
-        mask = real.astype(np.int64)
-        if unpooled:
-            mask[positions < np.minimum(np.asarray(unpooled, dtype=np.int64), sizes)[:, None]] = PROMPT
-        if second and any(second):
-            starts = np.asarray(second, dtype=np.int64)[:, None]
-            mask[real & (starts > 0) & (positions >= starts)] = SECOND_SEGMENT
+        ids[real] = np.fromiter(chain.from_iterable(row.ids for row in rows), dtype=np.int64,
+                                count=int(sizes.sum()))  # row by row
+        mask = real.astype(np.int64)  # TokenRole.POOLED where real, PAD elsewhere
+        unpooled = np.fromiter((row.unpooled for row in rows), dtype=np.int64, count=len(rows))
+        if unpooled.any():
+            mask[positions < np.minimum(unpooled, sizes)[:, None]] = TokenRole.PROMPT
+        starts = np.fromiter((row.second for row in rows), dtype=np.int64, count=len(rows))
+        if starts.any():
+            mask[real & (starts[:, None] > 0) & (positions >= starts[:, None])] = TokenRole.SECOND
         return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device))
 
     def run(self, inputs: PaddedInputs, *, eager: bool = False) -> torch.Tensor:
@@ -96,7 +97,7 @@ class PaddedBackend:
     def pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The eager pass: (batch, seq) ids and pooling mask -> (batch, dimension) float32."""
         attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
-        segments = (mask == SECOND_SEGMENT).to(ids.dtype) if self.segments else None
+        segments = (mask == TokenRole.SECOND).to(ids.dtype) if self.segments else None
         hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
         if not self.modes:
             return hidden.to(torch.float32)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from embedserve.handler.backends.base import Backend, PassCost
+from embedserve.handler.model.inputs import ModelInput
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class _Timer:
         self.pad_id = pad_id
 
     def inputs(self, rows: int, length: int):
-        return self.backend.prepare([[self.pad_id] * length] * rows, None)
+        return self.backend.prepare([ModelInput([self.pad_id] * length)] * rows)
 
     def seconds(self, rows: int, length: int, *, eager: bool = False, repeats: int = 5) -> float:
         """The fastest of `repeats` runs of a (rows, length) pass, as passes run (replayed where a

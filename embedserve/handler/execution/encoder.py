@@ -8,7 +8,7 @@ It keeps only what every backend shares:
   MemoryError) is split in two and retried, down to single inputs; only an input that does not
   fit alone fails, and the caller answers its request alone with 507.
 - Device failures: any other CUDA error may have poisoned the process's CUDA context, so it is
-  raised as DeviceFailure for the worker to exit and be replaced (embedserve/handler/execution/faults.py).
+  raised as DeviceFailure for the worker to exit and be replaced (embedserve/handler/execution/device_errors.py).
 - CPU lending: on a CPU, small passes also borrow the CPUs other workers leave idle
   (embedserve/handler/worker/cpu_lending.py).
 """
@@ -26,9 +26,10 @@ import torch
 from embedserve.handler.backends.base import Backend, PassCost
 from embedserve.handler.backends.cuda_graphs import release_memory
 from embedserve.handler.execution.calibration import Speed, measure_speed
-from embedserve.handler.execution.faults import is_out_of_memory, raise_classified
+from embedserve.handler.execution.device_errors import is_out_of_memory, raise_classified
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.files import Pooling
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.worker.cpu_lending import CpuLending
 from embedserve.handler.worker.transfer import to_device
 
@@ -92,31 +93,27 @@ class Encoder:
         kernel, how many CUDA graphs it replays (0: every pass runs eagerly)."""
         return self.backend.describe()
 
-    def embed(self, token_ids: Sequence[Sequence[int]], unpooled: Sequence[int] | None = None,
-              second: Sequence[int] | None = None) -> Embedded:
-        """Token ids per item -> (items, dimension) float32 pooled vectors on the CPU, in input order
-        (a scoring model's logits). `unpooled[i]`: how many of item i's first tokens pooling leaves
-        out (an excluded prompt); `second[i]`: where item i's second text starts (a pair; 0: none)."""
-        lengths = [len(ids) for ids in token_ids]
+    def embed(self, inputs: Sequence[ModelInput]) -> Embedded:
+        """Model inputs (model/inputs.py) -> (items, dimension) float32 pooled vectors on the CPU,
+        in input order (a scoring model's logits)."""
+        lengths = [len(item) for item in inputs]
         device = self.backend.device
-        out = torch.zeros((len(token_ids), self.dimension), dtype=torch.float32, device=device)
+        out = torch.zeros((len(inputs), self.dimension), dtype=torch.float32, device=device)
         pending = self.backend.plan(lengths, self.cost)
         padded = passes = 0
         too_large: set[int] = set()
         with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
             while pending:
                 indices = pending.pop(0)
-                inputs = self.backend.prepare([token_ids[i] for i in indices],
-                                              [unpooled[i] for i in indices] if unpooled else None,
-                                              [second[i] for i in indices] if second else None)
+                prepared = self.backend.prepare([inputs[i] for i in indices])
                 try:
-                    with self._cpus_for_pass(inputs.ids):
+                    with self._cpus_for_pass(prepared.ids):
                         # A copy on the device: a replayed graph's output buffer is overwritten by the next.
-                        out[to_device(np.asarray(indices, dtype=np.int64), device)] = self.backend.run(inputs)
+                        out[to_device(np.asarray(indices, dtype=np.int64), device)] = self.backend.run(prepared)
                 except Exception as err:
                     if not is_out_of_memory(err):
                         raise_classified(err)
-                    del inputs  # free this pass's inputs before retrying smaller
+                    del prepared  # free this pass's inputs before retrying smaller
                     release_memory(device)
                     if len(indices) == 1:
                         too_large.add(indices[0])
@@ -126,7 +123,7 @@ class Encoder:
                                     len(indices), half, len(indices) - half)
                         pending[:0] = [indices[:half], indices[half:]]
                     continue
-                padded += self.backend.computed_tokens(inputs)
+                padded += self.backend.computed_tokens(prepared)
                 passes += 1
         return Embedded(self._to_host(out), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))

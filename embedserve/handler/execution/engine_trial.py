@@ -35,6 +35,7 @@ import torch
 
 from embedserve.handler.backends.base import Backend
 from embedserve.handler.execution.placement import Placement
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.settings import Settings
 from embedserve.handler.worker.cpu_features import bf16_units, cpu_model_name
 from embedserve.handler.worker.cpu_lending import lock_directory
@@ -86,7 +87,7 @@ def time_candidates(backends: Mapping[str, Backend], pad_id: int, max_positions:
     """Each backend's speed on the same passes, timed in turns (see the module's docstring)."""
     length = min(TRIAL_LENGTH, max_positions or TRIAL_LENGTH)
     shapes = {"full": (TRIAL_ROWS, length), "one": (1, length)}
-    inputs = {name: {shape: backend.prepare([[pad_id] * cols] * rows, None)
+    inputs = {name: {shape: backend.prepare([ModelInput([pad_id] * cols)] * rows)
                      for shape, (rows, cols) in shapes.items()} for name, backend in backends.items()}
     best = {name: {shape: float("inf") for shape in shapes} for name in backends}
     with torch.inference_mode():

@@ -41,6 +41,7 @@ from embedserve.handler.execution.engine_trial import Candidate, bf16_challenger
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.files import HeadModule, Pooling, Scoring
 from embedserve.handler.model.head import load_head, logit_score_head
+from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model
 from embedserve.handler.model.packed_forward import VARLEN_FLASH, PackedTransformer, packed_support
 from embedserve.handler.settings import Settings
@@ -228,7 +229,7 @@ def _layout(padded: PaddedBackend, model: torch.nn.Module, placement: Placement,
         try:
             with torch.inference_mode():
                 cosine = float(torch.nn.functional.cosine_similarity(
-                    packed.run(packed.prepare(rows, None)), padded.run(padded.prepare(rows, None))).min())
+                    packed.run(packed.prepare(rows)), padded.run(padded.prepare(rows))).min())
         except Exception as err:  # e.g. an attention kernel this device or torch build lacks
             reason = f"its check failed ({type(err).__name__}: {str(err)[:200]})"
         else:
@@ -280,12 +281,12 @@ def usable_buckets(buckets: Sequence[Bucket], max_length: int | None, max_positi
     return [b for b in within if b.length <= longest]
 
 
-def _probe_rows(pad_id: int, vocab_size: int, max_positions: int) -> list[list[int]]:
+def _probe_rows(pad_id: int, vocab_size: int, max_positions: int) -> list[ModelInput]:
     """A few inputs of mixed lengths, random ids: one token, short, long, equal lengths."""
     generator = torch.Generator().manual_seed(0)
     lengths = [min(length, max_positions) for length in (1, 7, 7, 33, 130, 3)]
-    return [[token if token != pad_id else pad_id + 1 for token in
-             torch.randint(0, vocab_size, (length,), generator=generator).tolist()] for length in lengths]
+    return plain_inputs([token if token != pad_id else pad_id + 1 for token in
+                         torch.randint(0, vocab_size, (length,), generator=generator).tolist()] for length in lengths)
 
 
 def _name(dtype: torch.dtype) -> str:

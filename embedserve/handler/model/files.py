@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,13 @@ PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembe
                             "roberta-prelayernorm", "xmod", "ibert", "longformer")
 
 
-# What a model serves: vectors, a relevance score per (query, document) pair, or a score per label.
-EMBED, RERANK, CLASSIFY = "embed", "rerank", "classify"
+class Task(str, Enum):
+    """What a model serves, decided once from its folder (ModelDescription.task): vectors, a
+    relevance score per (query, document) pair, or a score per label. Each task has its slice
+    (embedserve/handler/tasks/)."""
+    EMBED = "embed"
+    RERANK = "rerank"
+    CLASSIFY = "classify"
 
 
 class ModelFilesError(ValueError):
@@ -114,8 +120,8 @@ class Scoring:
     chat: ChatFormat | None = None
 
     @property
-    def task(self) -> str:
-        return RERANK if len(self.labels) == 1 else CLASSIFY
+    def task(self) -> Task:
+        return Task.RERANK if len(self.labels) == 1 else Task.CLASSIFY
 
     @property
     def own_head(self) -> bool:
@@ -137,8 +143,8 @@ class ModelDescription:
     scoring: Scoring | None = None  # a reranker's or classifier's head; None for an embedding model
 
     @property
-    def task(self) -> str:
-        return self.scoring.task if self.scoring else EMBED
+    def task(self) -> Task:
+        return self.scoring.task if self.scoring else Task.EMBED
 
     def served_with(self, pooling_setting: str) -> "ModelDescription":
         """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved

@@ -1,12 +1,10 @@
 """Pooling token states into one vector per sequence, as sentence-transformers' Pooling does, and
 L2 normalization.
 
-Inputs are right-padded: `hidden` is (batch, seq, hidden) and `mask` is (batch, seq) with
-  0  padding,
-  1  a token the model attends to and pooling uses,
-  2  a prompt token the model attends to but pooling leaves out (a Pooling module with
-     `include_prompt: false`; sentence-transformers zeroes those positions of the pooling mask).
-  3  a token of a pair's second text (token type 1), for scoring models, which do not pool.
+Inputs are right-padded: `hidden` is (batch, seq, hidden) and `mask` is (batch, seq), each
+position's TokenRole (model/inputs.py); pooling uses the POOLED ones (a Pooling module with
+`include_prompt: false` leaves out the PROMPT tokens, as sentence-transformers zeroes them in its
+pooling mask).
 Several modes are concatenated in the order given. Pooling accumulates in float32 whatever the
 model's dtype, so half-precision models do not lose precision in the sum.
 """
@@ -18,16 +16,13 @@ from typing import Sequence
 import torch
 
 from embedserve.handler.model.files import POOLING_MODES
-
-POOLED = 1
-PROMPT = 2
-SECOND_SEGMENT = 3
+from embedserve.handler.model.inputs import TokenRole
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: Sequence[str]) -> torch.Tensor:
     """(batch, seq, hidden) x (batch, seq) -> (batch, hidden * len(modes)) float32."""
     states = hidden.to(torch.float32)
-    pooled = (mask == POOLED).unsqueeze(-1)  # (batch, seq, 1)
+    pooled = (mask == TokenRole.POOLED).unsqueeze(-1)  # (batch, seq, 1)
     weights = pooled.to(torch.float32)
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     outputs = []

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.settings import Settings, check_redis_url
 from embedserve.handler.worker.failures import log_failure
 from embedserve.handler.worker.metrics import BatchReport
@@ -133,15 +134,15 @@ class EmbeddingCache:
         self.memory = memory
         self.redis = redis
 
-    def key(self, ids: Sequence[int], unpooled: int = 0, second: int = 0) -> bytes:
-        """The same ids give another vector when pooling leaves out their first `unpooled` tokens,
-        and another score when a pair's second text starts elsewhere (token types)."""
+    def key(self, item: ModelInput) -> bytes:
+        """Every field of the input: the same ids give another vector when pooling leaves out
+        their first tokens, and another score when a pair's second text starts elsewhere."""
         digest = hashlib.blake2b(self._namespace, digest_size=20)
-        digest.update(np.asarray(ids, dtype=np.int64).tobytes())
-        if unpooled:
-            digest.update(b"|unpooled:%d" % unpooled)
-        if second:
-            digest.update(b"|second:%d" % second)
+        digest.update(np.asarray(item.ids, dtype=np.int64).tobytes())
+        if item.unpooled:
+            digest.update(b"|unpooled:%d" % item.unpooled)
+        if item.second:
+            digest.update(b"|second:%d" % item.second)
         return digest.digest()
 
     def lookup(self, keys: Sequence[bytes]) -> Lookup:
@@ -196,17 +197,16 @@ def open_cache(settings: Settings, *, model_name: str, identity: str, dimension:
     return EmbeddingCache(f"{model_name}|{identity}", memory, redis)
 
 
-# Embeds model inputs (ids, unpooled prompt tokens and second-text start each): float32 rows in
-# input order, and the inputs that did not fit in memory even alone.
-Embed = Callable[[list[list[int]], list[int], list[int]], tuple[np.ndarray, frozenset[int]]]
+# Embeds model inputs: float32 rows in input order, and the inputs that did not fit in memory even alone.
+Embed = Callable[[list[ModelInput]], tuple[np.ndarray, frozenset[int]]]
 
 
-def embed_cached(cache: EmbeddingCache, ids: list[list[int]], unpooled: list[int], second: list[int], embed: Embed,
-                 report: BatchReport, dimension: int) -> tuple[np.ndarray, frozenset[int]]:
+def embed_cached(cache: EmbeddingCache, inputs: list[ModelInput], embed: Embed, report: BatchReport,
+                 dimension: int) -> tuple[np.ndarray, frozenset[int]]:
     """Vectors from the cache where present; `embed` runs once per distinct missing input and
     what it computes is stored. Rows in input order (zeros for inputs that did not fit), and the
     inputs that did not fit."""
-    keys = [cache.key(item, skip, start) for item, skip, start in zip(ids, unpooled, second)]
+    keys = [cache.key(item) for item in inputs]
     try:
         lookup = cache.lookup(keys)
     except Exception as err:  # the cache is best effort: a bug in it costs hits, not answers
@@ -216,8 +216,7 @@ def embed_cached(cache: EmbeddingCache, ids: list[list[int]], unpooled: list[int
     computed: dict[bytes, np.ndarray] = {}
     failed_keys: set[bytes] = set()
     if missing:
-        fresh, unfit = embed([ids[i] for i in missing.values()], [unpooled[i] for i in missing.values()],
-                             [second[i] for i in missing.values()])
+        fresh, unfit = embed([inputs[i] for i in missing.values()])
         for position, (key, row) in enumerate(zip(missing, fresh)):
             if position in unfit:
                 failed_keys.add(key)

@@ -1,4 +1,4 @@
-"""The handler's own metrics: declared once here, measured per batch, sent through ts_handler.py,
+"""The handler's own metrics: declared once here, measured per batch, sent through torchserve/entry.py,
 and written into TorchServe's metrics configuration by the build (TorchServe exports only
 declared metrics).
 

@@ -4,7 +4,10 @@ import json
 import numpy as np
 import pytest
 
-from embedserve.handler.api.codec import EmbeddingRequest, Options, Route, encode_embeddings, encode_error, parse_request, parse_route
+from embedserve.handler.api.codec import encode_error
+from embedserve.handler.api.route import Route
+from embedserve.handler.tasks.embed import EmbeddingRequest, Options
+from tests.support.wire import encode_embeddings, parse_request, parse_route
 from embedserve.handler.api.errors import RequestError
 
 

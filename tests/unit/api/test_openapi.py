@@ -9,10 +9,13 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 
-from embedserve.handler.api.codec import IGNORED_FIELDS, OPTION_TYPES, Route
 from embedserve.handler.api.errors import KINDS
-from embedserve.handler.api.openapi import (EMBED_OPTIONS, TOKENIZE_OPTIONS, TORCHSERVE_ANSWERS, ServedModel, limits,
-                                            openapi_document)
+from embedserve.handler.api.route import Route
+from embedserve.handler.model.files import Task
+from embedserve.handler.routes.openapi import EMBED_OPTIONS, TOKENIZE_OPTIONS, ServedModel, limits, openapi_document
+from embedserve.handler.routes.table import ROUTES
+from embedserve.handler.tasks.embed import IGNORED_FIELDS, OPTION_TYPES
+from embedserve.handler.torchserve.profile import TORCHSERVE
 from embedserve.handler.service import RawRequest
 from embedserve.handler.settings import Settings
 from tests.support.engines import make_engine
@@ -21,7 +24,8 @@ API_DOC = Path(__file__).resolve().parents[3] / "docs" / "api.md"
 SETTINGS = Settings(max_inputs_per_request=50, max_input_chars=300, max_tokens_per_request=9000,
                     max_response_bytes=123_456, normalize=True, truncate=False)
 MODEL = ServedModel(name="tiny", version="2.0", dimension=32, max_length=48, vocab_size=177,
-                    prompts=("document", "query"), settings=SETTINGS, max_tokens_per_request=7000)
+                    prompts=("document", "query"), settings=SETTINGS, max_tokens_per_request=7000, server=TORCHSERVE)
+TORCHSERVE_ANSWERS = [(answer.status, answer.when, answer.schema) for answer in TORCHSERVE.answers]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,8 @@ def test_every_route_has_its_path_with_the_model_s_name_and_version(document):
     paths = document["paths"]
     assert set(paths["/predictions/tiny"]) == {"post"}
     for route in Route:
-        if route is not Route.NATIVE and not route.scoring:  # a reranker's routes are in its own document
+        scoring = Task.EMBED not in ROUTES[route].tasks and ROUTES[route].tasks
+        if route is not Route.NATIVE and not scoring:  # a reranker's routes are in its own document
             assert f"/predictions/tiny/2.0/{route.value}" in paths, route
     assert set(paths["/predictions/tiny/2.0/info"]) == {"get", "post"}
     assert set(paths["/predictions/tiny/2.0/openapi.json"]) == {"get"}
@@ -142,7 +147,7 @@ def test_the_schema_refuses_what_the_service_refuses(engine, body):
 
 def test_a_get_answers_405_naming_the_allowed_method(engine):
     for path in ("", "v1/embeddings", "embed", "tokenize"):
-        [response] = engine.handle([RawRequest(b"", None, path)])
+        [response] = engine.handle([RawRequest(b"", None, path, method="GET")])
         assert response.status == 405 and response.headers["allow"] == "POST", path
         message = json.loads(response.body)["error"]
         message = message if isinstance(message, str) else message["message"]

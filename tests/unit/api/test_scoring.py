@@ -11,13 +11,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from embedserve.handler.api.codec import Route
+from embedserve.handler.api.route import Route
 from embedserve.handler.api.errors import RequestError
-from embedserve.handler.api.scoring import parse_scoring
 from embedserve.handler.assembly import assemble
 from embedserve.handler.model.files import LogitScore, ModelFilesError, describe_model
+from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.service import RawRequest
 from embedserve.handler.settings import Settings
+from tests.support.wire import parse_request
 from tests.support.rerankers import LABELS, PAIRS, make_reranker, reference_scores
 
 
@@ -90,15 +91,15 @@ def test_causal_pairs_are_the_ids_cross_encoder_renders(rerankers, instruction):
     from sentence_transformers import CrossEncoder
 
     svc = service(rerankers["qwen3"])
-    max_length = svc.preparer.max_length
+    max_length = svc.text.max_length
     features = CrossEncoder(str(rerankers["qwen3"])).preprocess(PAIRS, prompt=instruction)
     want = [[token for token, real in zip(row, mask) if real]
             for row, mask in zip(features["input_ids"].tolist(), features["attention_mask"].tolist())]
-    got = svc.preparer.chat_pairs.pairs(PAIRS, max_length, "right", instruction or "")
+    got = svc.work.chat_pairs.pairs(PAIRS, max_length, "right", instruction or "")
     assert [item.ids for item in got] == want
     cut = [item for item in got if item.full_length > max_length]
     assert cut and all(len(item.ids) == max_length for item in cut)
-    tail = svc.preparer.chat_pairs.hf.encode("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>",
+    tail = svc.work.chat_pairs.hf.encode("<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>",
                                              add_special_tokens=False)
     assert all(item.ids[-len(tail) - 1:-1] == tail or item.ids[-len(tail):] == tail for item in got)
 
@@ -125,9 +126,9 @@ def test_a_structured_template_gets_structured_messages(rerankers, tmp_path):
     want = [[token for token, real in zip(row, mask) if real]
             for row, mask in zip(features["input_ids"].tolist(), features["attention_mask"].tolist())]
     svc = service(model_dir)
-    got = svc.preparer.chat_pairs.pairs(PAIRS[:3], svc.preparer.max_length, "right", "Find it")
+    got = svc.work.chat_pairs.pairs(PAIRS[:3], svc.text.max_length, "right", "Find it")
     assert [item.ids for item in got] == want
-    assert "Find it" in svc.preparer.chat_pairs.hf.decode(got[0].ids)
+    assert "Find it" in svc.work.chat_pairs.hf.decode(got[0].ids)
 
 
 def test_the_model_s_default_prompt_is_the_default_instruction(rerankers, tmp_path):
@@ -161,9 +162,9 @@ def test_a_pair_the_template_refuses_is_that_request_s_422(rerankers, tmp_path):
 
 def test_left_truncation_of_a_causal_pair_keeps_its_end(rerankers):
     svc = service(rerankers["qwen3"])
-    [right, left] = [svc.preparer.chat_pairs.pairs([PAIRS[3]], 100, side)[0] for side in ("right", "left")]
-    full = svc.preparer.chat_pairs.pairs([PAIRS[3]], 10**6, "right")[0]
-    tail = len(svc.preparer.chat_pairs._suffix(""))
+    [right, left] = [svc.work.chat_pairs.pairs([PAIRS[3]], 100, side)[0] for side in ("right", "left")]
+    full = svc.work.chat_pairs.pairs([PAIRS[3]], 10**6, "right")[0]
+    tail = len(svc.work.chat_pairs._suffix(""))
     assert 0 < tail < 50 and full.full_length > 100 and left.ids == full.ids[-100:]
     assert right.ids == full.ids[:100 - tail] + full.ids[-tail:]
 
@@ -190,7 +191,7 @@ def test_instructions_and_pairs_only_for_a_causal_reranker(rerankers):
 def test_pairs_are_tokenized_as_the_hugging_face_tokenizer_does(rerankers, direction):
     svc = service(rerankers["bert"])
     reference = AutoTokenizer.from_pretrained(rerankers["bert"], truncation_side=direction)
-    got = svc.preparer.tokenizer.pairs(PAIRS, 24, direction)
+    got = svc.text.tokenizer.pairs(PAIRS, 24, direction)
     want = reference([a for a, _ in PAIRS], [b for _, b in PAIRS], truncation="longest_first", max_length=24)
     for item, ids, types in zip(got, want["input_ids"], want["token_type_ids"]):
         assert item.ids == ids and item.second == types.index(1)
@@ -200,7 +201,7 @@ def test_pairs_are_tokenized_as_the_hugging_face_tokenizer_does(rerankers, direc
 def test_a_tokenizer_without_token_types_gives_none(rerankers):
     """XLM-R's tokenizer hands the model no token types: no second segment is marked."""
     svc = service(rerankers["xlmr"])
-    assert all(item.second == 0 for item in svc.preparer.tokenizer.pairs(PAIRS, 64, "right"))
+    assert all(item.second == 0 for item in svc.text.tokenizer.pairs(PAIRS, 64, "right"))
 
 
 @pytest.mark.parametrize("family", ["bert", "xlmr", "qwen3"])
@@ -266,7 +267,7 @@ def test_truncation_off_refuses_a_long_pair_alone(rerankers):
 ])
 def test_bad_bodies_name_the_field(route, body, field):
     with pytest.raises(RequestError) as caught:
-        parse_scoring(json.dumps(body).encode(), "application/json", route)
+        parse_request(json.dumps(body).encode(), "application/json", route.value)
     assert caught.value.status == 400 and field in str(caught.value.body())
 
 
@@ -293,7 +294,7 @@ def test_each_task_refuses_the_other_s_routes(rerankers, tiny_model_dir):
 def test_the_cache_keys_scores_by_the_pair_s_token_types(rerankers):
     svc = service(rerankers["bert"], cache_entries=64)
     cache = svc.cache
-    assert cache.key([1, 2, 3]) != cache.key([1, 2, 3], 0, 2) != cache.key([1, 2, 3], 0, 1)
+    assert cache.key(ModelInput([1, 2, 3])) != cache.key(ModelInput([1, 2, 3], 0, 2)) != cache.key(ModelInput([1, 2, 3], 0, 1))
     body = {"query": "hello", "texts": ["world", "cat"]}
     first, second = call(svc, "rerank", body), call(svc, "rerank", body)
     assert first == second and len(cache.memory) == 2

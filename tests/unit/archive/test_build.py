@@ -19,6 +19,7 @@ from embedserve.handler.backends.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE
 from tests.support import REPO
 from tests.support.engines import TEXTS, make_engine
 from tests.support.tiny_model import make_tiny_model
+from embedserve.handler.model.inputs import plain_inputs
 
 
 @pytest.fixture
@@ -44,10 +45,10 @@ def test_tiny_mar_contents_and_config(tiny_model_dir, config):
         names = set(archive.namelist())
         model_config = yaml.safe_load(archive.read("model-config.yaml"))
         manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
-    assert {"ts_handler.py", "embedserve/handler/service.py", "embedserve/handler/ts_handler.py", "model/model.safetensors",
+    assert {"entry.py", "embedserve/handler/service.py", "embedserve/handler/torchserve/entry.py", "model/model.safetensors",
             "model/tokenizer.json", "model/config.json", "model/modules.json", "model/1_Pooling/config.json"} <= names
     assert not any("__pycache__" in n for n in names)
-    assert manifest["model"]["handler"] == "ts_handler.py"
+    assert manifest["model"]["handler"] == "entry.py"
     assert pickled_members(mar) == []
 
     # The handler's metrics are declared for TorchServe, beside the archive and inside it.
@@ -195,8 +196,8 @@ def test_int8_build_ships_onnx_runtime_s_calibrated_quantization(tiny_model_dir,
     engine = make_engine(model_dir, **handler | {"cpu_threads": 1, "device": "cpu"})
     assert engine.info()["model_dtype"] == "int8" and engine.info()["engine"] == "onnxruntime"
     fp32 = make_engine(tiny_model_dir)
-    ids = fp32.preparer.token_ids(TEXTS)
-    cosine = torch.nn.functional.cosine_similarity(engine.encoder.embed(ids).vectors, fp32.encoder.embed(ids).vectors)
+    ids = fp32.text.token_ids(TEXTS)
+    cosine = torch.nn.functional.cosine_similarity(engine.encoder.embed(plain_inputs(ids)).vectors, fp32.encoder.embed(plain_inputs(ids)).vectors)
     assert cosine.mean() >= 0.99 and cosine.min() >= 0.97
 
 

@@ -22,6 +22,7 @@ from tests.support.engines import TEXTS, make_engine
 from tests.support.graphs import BYTES_PER_TOKEN, EagerReplay
 from tests.support.model_families import FAMILIES
 from tests.support.parts import replaying, torch_model
+from embedserve.handler.model.inputs import plain_inputs
 
 
 class EagerStandIn(EagerReplay, StaticGraph):
@@ -52,30 +53,30 @@ def test_choose_picks_the_fitting_bucket_with_fewest_tokens():
 def test_replay_through_static_buffers_equals_eager(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     encoder = engine.encoder
-    ids = engine.preparer.token_ids(TEXTS * 3)
-    eager = encoder.embed(ids).vectors
+    ids = engine.text.token_ids(TEXTS * 3)
+    eager = encoder.embed(plain_inputs(ids)).vectors
     with torch.inference_mode():
         graphs = runner_for(encoder, ladder([1, 2, 4, 8], [8, 16, 32, 64], max_tokens=10**6))
     graphs.replays = 0  # the start-up check replayed too
-    replayed = replaying(encoder, graphs).embed(ids)
+    replayed = replaying(encoder, graphs).embed(plain_inputs(ids))
     torch.testing.assert_close(replayed.vectors, eager, atol=1e-5, rtol=1e-4)
     assert replayed.passes > 1 and graphs.replays == replayed.passes and graphs.eager == 0
 
     # Passes larger than every bucket run eagerly, with the same results.
     with torch.inference_mode():
         graphs = runner_for(encoder, [Bucket(8, 16)])
-    torch.testing.assert_close(replaying(encoder, graphs).embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(replaying(encoder, graphs).embed(plain_inputs(ids)).vectors, eager, atol=1e-5, rtol=1e-4)
     assert graphs.eager > 0 and graphs.replays > 0  # only the short passes fit
 
 
 def test_padded_tokens_count_the_bucket_a_pass_replays_in(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=512, max_batch_size=8)
     encoder = engine.encoder
-    ids = engine.preparer.token_ids(TEXTS)
+    ids = engine.text.token_ids(TEXTS)
     with torch.inference_mode():
-        embedded = replaying(encoder, runner_for(encoder, [Bucket(8, 64)])).embed(ids)
+        embedded = replaying(encoder, runner_for(encoder, [Bucket(8, 64)])).embed(plain_inputs(ids))
     assert embedded.padded_tokens == embedded.passes * 8 * 64  # every pass computed the whole bucket
-    assert embedded.padded_tokens > encoder.embed(ids).padded_tokens  # eager computes only its own padding
+    assert embedded.padded_tokens > encoder.embed(plain_inputs(ids)).padded_tokens  # eager computes only its own padding
 
 
 def test_the_planner_fills_the_buckets(tiny_model_dir):
@@ -83,13 +84,13 @@ def test_the_planner_fills_the_buckets(tiny_model_dir):
     # holds 9 rows); priced at the buckets, an 8x8 replay and a 1x8 one cost less.
     engine = make_engine(tiny_model_dir, max_batch_size=16)
     encoder = engine.encoder
-    ids = engine.preparer.token_ids(["cat"] * 9)
+    ids = engine.text.token_ids(["cat"] * 9)
     with torch.inference_mode():
         graphs = runner_for(encoder, [Bucket(1, 8), Bucket(8, 8)])
     graphs.replays = 0
-    embedded = replaying(encoder, graphs, pass_overhead_tokens=200, replay_overhead_tokens=4).embed(ids)
+    embedded = replaying(encoder, graphs, pass_overhead_tokens=200, replay_overhead_tokens=4).embed(plain_inputs(ids))
     assert (embedded.passes, graphs.replays, graphs.eager) == (2, 2, 0)
-    torch.testing.assert_close(embedded.vectors, encoder.embed(ids).vectors, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(embedded.vectors, encoder.embed(plain_inputs(ids)).vectors, atol=1e-5, rtol=1e-4)
 
 
 def test_the_memory_cap_drops_the_largest_buckets_and_captures_largest_first(tiny_model_dir):
@@ -127,8 +128,8 @@ class FailingWarmUp(EagerStandIn):
 def _eight_buckets(tiny_model_dir):
     """An encoder, a batch's ids with their eager vectors, and eight buckets of 16 to 256 tokens."""
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
-    ids = engine.preparer.token_ids(TEXTS * 3)
-    return engine.encoder, ids, engine.encoder.embed(ids).vectors, ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+    ids = engine.text.token_ids(TEXTS * 3)
+    return engine.encoder, ids, engine.encoder.embed(plain_inputs(ids)).vectors, ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
 
 
 def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
@@ -142,7 +143,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
     assert FailingCapture.captured == [Bucket(8, 32), Bucket(8, 16)]  # largest first, none after 4x32 failed
     assert any("none for this worker: the capture of bucket 4x32 failed" in line and "OutOfMemoryError" in line
                for line in caplog.messages)
-    torch.testing.assert_close(replaying(encoder, graphs).embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(replaying(encoder, graphs).embed(plain_inputs(ids)).vectors, eager, atol=1e-5, rtol=1e-4)
 
 
 def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
@@ -151,7 +152,7 @@ def test_a_failed_warm_up_leaves_its_bucket_to_eager(tiny_model_dir, caplog):
         graphs = runner_for(encoder, buckets, graph_type=FailingWarmUp)
     assert set(graphs.graphs) == set(buckets) - {Bucket(8, 32)}  # the rest are captured
     assert any("bucket 8x32 runs eagerly" in line and "Error" in line for line in caplog.messages)
-    torch.testing.assert_close(replaying(encoder, graphs).embed(ids).vectors, eager, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(replaying(encoder, graphs).embed(plain_inputs(ids)).vectors, eager, atol=1e-5, rtol=1e-4)
 
 
 class CapturedGraph:
@@ -425,8 +426,8 @@ def test_capture_makes_its_stream_and_pool_on_the_worker_gpu(tiny_model_dir):
 def test_torch_compile_gives_the_eager_results(tiny_model_dir):
     eager, compiled = make_engine(tiny_model_dir), make_engine(tiny_model_dir, compile=True)
     for texts in (TEXTS, ["another shape", "x"]):  # dynamic shapes: no recompile per length
-        ids = eager.preparer.token_ids(texts)
-        torch.testing.assert_close(compiled.encoder.embed(ids).vectors, eager.encoder.embed(ids).vectors,
+        ids = eager.text.token_ids(texts)
+        torch.testing.assert_close(compiled.encoder.embed(plain_inputs(ids)).vectors, eager.encoder.embed(plain_inputs(ids)).vectors,
                                    atol=1e-5, rtol=1e-4)
 
 
@@ -449,7 +450,7 @@ def test_inputs_go_to_the_gpu_through_pinned_memory_without_waiting():
 
 def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
     from embedserve.handler.execution.encoder import Encoder
-    from embedserve.handler.execution.faults import DeviceFailure
+    from embedserve.handler.execution.device_errors import DeviceFailure
 
     vectors = mock.Mock()
     vectors.device = torch.device("cuda", 0)

@@ -20,6 +20,7 @@ from transformers import AutoModel
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.execution.select import with_graphs
 from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.packed_forward import PackedInputs, PackedTransformer, pack
 from embedserve.handler.backends.packed_graphs import (
     RESOLUTION, TOKEN_STEP, GraphShape, PackedGraph, PackedGraphRunner, TokenBucket, _random_pass, packed_ladder,
@@ -155,7 +156,7 @@ def test_replays_in_input_tiers_equal_the_unpadded_pass(models):
     shapes = packed_ladder(sizes, 80, 64)
     assert {GraphShape(g.tokens, g.inputs, g.max_len, g.spare) for g in runner.ladder} == set(shapes)  # all checked
     for seed, lengths in enumerate([[3] * 20, [2] * 40, [1] * 80, [64, 64, 1, 1], [5] * 33]):
-        inputs = passes.prepare(random_rows(model, lengths, seed), [seed % 3] * len(lengths))
+        inputs = passes.prepare([ModelInput(row, seed % 3) for row in random_rows(model, lengths, seed)])
         with torch.inference_mode():
             eager = passes.run_eager(inputs)
             graph = runner.choose(inputs)
@@ -174,7 +175,7 @@ def test_replays_in_static_buffers_equal_the_unpadded_pass(models, family):
     for seed, lengths in enumerate([[1], [5, 3, 9], [64, 1, 1, 30, 2], [40] * 6, [64, 64, 64, 60]]):
         rows = random_rows(model, lengths, seed)
         unpooled = [seed % 3] * len(rows)
-        inputs = passes.prepare(rows, unpooled)
+        inputs = passes.prepare([ModelInput(row, skip) for row, skip in zip(rows, unpooled)])
         with torch.inference_mode():
             eager = passes.run_eager(inputs)
             graph = runner.choose(inputs)
@@ -188,7 +189,7 @@ def test_the_static_layout_gives_padding_inputs_of_their_own(models):
     passes = passes_for(models["bert_dense"])
     graph = EagerStandIn(96, passes.run_eager, inputs=16, max_len=32, spare=80, pad_id=0, device=torch.device("cpu"))
     assert graph.slots == 16 + 3  # 80 tokens of padding take three inputs of at most 32
-    inputs = passes.prepare(random_rows(models["bert_dense"], [10, 6]), None)
+    inputs = passes.prepare(plain_inputs(random_rows(models["bert_dense"], [10, 6])))
     with torch.inference_mode():
         graph.run(inputs)
     offsets = graph.cu_seqlens.tolist()
@@ -204,7 +205,7 @@ def test_a_graph_holds_what_fits_its_tokens_inputs_length_and_padding_slots(mode
     graph = PackedGraph(64, passes.run_eager, inputs=4, max_len=32, spare=16, pad_id=0, device=torch.device("cpu"))
 
     def holds(lengths):
-        return graph.holds(passes.prepare(random_rows(model, lengths), None))
+        return graph.holds(passes.prepare(plain_inputs(random_rows(model, lengths))))
 
     assert graph.slots == 5  # 4 inputs, and one of padding for the 16 spare tokens
     assert holds([32, 20]) and holds([30, 30, 2, 1]) and holds([16, 16, 16])
@@ -218,8 +219,8 @@ def test_passes_no_graph_holds_run_eagerly_and_count_their_own_tokens(models):
     model = models["bert_dense"]
     passes = passes_for(model)
     passes = passes.with_graphs(capture(passes, [16, 32, 48]))
-    small = passes.prepare(random_rows(model, [20, 7]), None)
-    large = passes.prepare(random_rows(model, [40, 30]), None)
+    small = passes.prepare(plain_inputs(random_rows(model, [20, 7])))
+    large = passes.prepare(plain_inputs(random_rows(model, [40, 30])))
     with torch.inference_mode():
         torch.testing.assert_close(passes.run(large), passes.run_eager(large))
     assert passes.computed_tokens(small) == 32 and passes.computed_tokens(large) == 70
@@ -247,7 +248,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(models, caplog, monkeypatch
     assert FailingCapture.captured == [TokenBucket(64, 16)]  # largest first, none after 48 failed
     assert any("the capture of bucket 48 tokens x 16 inputs failed" in line and "RuntimeError" in line
                for line in caplog.messages)
-    inputs = passes.prepare(random_rows(model, [30, 10]), None)
+    inputs = passes.prepare(plain_inputs(random_rows(model, [30, 10])))
     with torch.inference_mode():
         torch.testing.assert_close(passes.run(inputs), passes.run_eager(inputs), atol=1e-5, rtol=1e-4)
     assert passes.computed_tokens(inputs) == 40 and (passes.graphs.replays, passes.graphs.eager) == (0, 1)
@@ -278,8 +279,8 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     # grouped SDPA (the CPU's kernel) standing in for flash and the stand-in graphs.
     engine = make_engine(tiny_model_dir, packed=True, max_batch_tokens=256, max_batch_size=16)
     encoder = engine.encoder
-    ids = engine.preparer.token_ids(TEXTS * 3)
-    eager = encoder.embed(ids)
+    ids = engine.text.token_ids(TEXTS * 3)
+    eager = encoder.embed(plain_inputs(ids))
     assert engine.info()["cuda_graphs"] == 0
     real_capture = PackedGraphRunner.capture
     monkeypatch.setattr(PackedGraphRunner, "capture", classmethod(
@@ -292,9 +293,9 @@ def test_an_encoder_serves_the_same_vectors_with_packed_graphs(tiny_model_dir, m
     assert encoder.describe()["cuda_graphs"] == len(token_ladder(256)) and reason.startswith("captured")
     # The engine's max_length (the tiny model's max_seq_length), not the 64 positions.
     graphs = backend.graphs.ladder
-    assert graphs[-1].max_len == engine.preparer.max_length == 48 < encoder.max_positions
+    assert graphs[-1].max_len == engine.text.max_length == 48 < encoder.max_positions
     assert all(graph.max_len == min(48, graph.tokens) for graph in graphs)
-    replayed = encoder.embed(ids)
+    replayed = encoder.embed(plain_inputs(ids))
     torch.testing.assert_close(replayed.vectors, eager.vectors, atol=1e-5, rtol=1e-4)
     assert backend.graphs.replays == replayed.passes and backend.graphs.eager == 0
     assert eager.padded_tokens == eager.real_tokens < replayed.padded_tokens  # each pass counts its graph's size

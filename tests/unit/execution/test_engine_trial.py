@@ -17,6 +17,7 @@ from embedserve.handler.execution.placement import resolve_placement
 from embedserve.handler.settings import Settings
 from embedserve.handler.worker.cpu_features import bf16_units, cpu_flags, cpu_model_name
 from tests.support.engines import TEXTS, make_engine
+from embedserve.handler.model.inputs import ModelInput, plain_inputs
 
 VERIFIED = {"cpu_bf16_engines": ["torch", "openvino"]}
 
@@ -150,10 +151,10 @@ def test_the_selected_bf16_engine_serves_with_its_dtype_in_info_and_cache_identi
     assert set(info["selected_by"]["speeds"]) == expected
     # Cached vectors are keyed by the dtype and engine that computed them: the forced bf16 torch
     # engine's, not float32's.
-    ids = engine.preparer.token_ids(TEXTS[:1])[0]
-    forced = {dtype: make_engine(onnx_model_dir, dtype=dtype, engine="torch", cache_entries=16).cache.key(ids)
-              for dtype in ("bfloat16", "float32")}
-    assert engine.cache.key(ids) == forced["bfloat16"] != forced["float32"]
+    ids = engine.text.token_ids(TEXTS[:1])[0]
+    forced = {dtype: make_engine(onnx_model_dir, dtype=dtype, engine="torch",
+                                 cache_entries=16).cache.key(ModelInput(ids)) for dtype in ("bfloat16", "float32")}
+    assert engine.cache.key(ModelInput(ids)) == forced["bfloat16"] != forced["float32"]
     assert next(engine.encoder.backend.transformer.model.parameters()).dtype == torch.bfloat16
 
 
@@ -195,7 +196,7 @@ def test_the_real_trial_times_every_candidate_and_serves_its_choice(onnx_model_d
     chosen = f"{info['engine']} {info['model_dtype']}"
     assert chosen in speeds and chosen == choose({n: Timing(**s) for n, s in speeds.items()},
                                                  "onnxruntime float32")[0]
-    assert engine.encoder.embed(engine.preparer.token_ids(TEXTS)).vectors.isfinite().all()
+    assert engine.encoder.embed(plain_inputs(engine.text.token_ids(TEXTS))).vectors.isfinite().all()
 
 
 def test_forced_settings_skip_the_trial(onnx_model_dir, trial_directory, monkeypatch):
@@ -232,8 +233,8 @@ def test_openvino_passes_are_padded_to_few_shapes_and_match_float32(onnx_model_d
     from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE
 
     engine = make_engine(onnx_model_dir, dtype="float32", engine="openvino")
-    inputs = engine.encoder.backend.prepare([[5] * 13, [6] * 3], None)
+    inputs = engine.encoder.backend.prepare(plain_inputs([[5] * 13, [6] * 3]))
     assert inputs.ids.shape == (2, 16) and PAD_MULTIPLE == 8
-    got = engine.encoder.embed(engine.preparer.token_ids(TEXTS)).vectors
-    want = make_engine(onnx_model_dir, dtype="float32").encoder.embed(engine.preparer.token_ids(TEXTS)).vectors
+    got = engine.encoder.embed(plain_inputs(engine.text.token_ids(TEXTS))).vectors
+    want = make_engine(onnx_model_dir, dtype="float32").encoder.embed(plain_inputs(engine.text.token_ids(TEXTS))).vectors
     assert torch.nn.functional.cosine_similarity(got, want).min() > 0.9999

@@ -1,13 +1,14 @@
-"""Out-of-memory and device failures, provoked through the test-only fault hook, in-process (in a
-real TorchServe worker started with EMBEDSERVE_TEST_FAULTS: tests/integration/test_faults_served.py)."""
+"""Out-of-memory and device failures, provoked through the tests' fault injection, in-process (in a
+real TorchServe worker started through tests/support/fault_entry.py: tests/integration/test_faults_served.py)."""
 
 import numpy as np
 import pytest
 
-from embedserve.handler.execution.faults import FAULTS_ENV, DeviceFailure, FaultInjection
+from embedserve.handler.execution.device_errors import DeviceFailure
+from tests.support import REPO
 from tests.support.child import run_child
 from tests.support.engines import make_engine, matrix
-from tests.support.faults import LONG, OOM_ABOVE, POISON_TOKEN, SHORT, answers
+from tests.support.faults import FAULTS_ENV, LONG, OOM_ABOVE, POISON_TOKEN, SHORT, FaultInjection, answers
 from tests.support.parts import poisoned, with_faults
 
 ERROR_TOKEN = 9
@@ -109,3 +110,9 @@ def test_faults_come_only_from_the_environment(monkeypatch):
     assert FaultInjection.from_env() is None
     monkeypatch.setenv(FAULTS_ENV, "oom_above_tokens=40,device_error_token=7")
     assert FaultInjection.from_env() == FaultInjection(oom_above_tokens=40, device_error_token=7)
+
+
+def test_the_package_never_reads_the_fault_variable():
+    # Only the tests' own entry (tests/support/fault_entry.py) injects faults into a worker.
+    readers = [path for path in (REPO / "embedserve").rglob("*.py") if FAULTS_ENV in path.read_text()]
+    assert readers == []

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.service import RawRequest
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine, st_on_ids
@@ -34,13 +35,13 @@ def served(engine, body) -> tuple[np.ndarray, dict]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_prompt_matches_sentence_transformers(family, engines, references):
     engine, reference = engines[family], references[family]
-    for name in [None, *engine.preparer.prompts]:
+    for name in [None, *engine.text.prompts]:
         want = reference.encode(TEXTS, prompt_name=name)
         got, answer = served(engine, {"input": TEXTS, **({"prompt_name": name} if name else {})})
         assert got.shape == want.shape
         assert min_cosine(got, want) >= MIN_COSINE, (family, name)
         # usage counts what the model saw: sentence-transformers' own tokenization, prompt included.
-        features = reference.tokenize([engine.preparer.prompts.get(name, "") + text for text in TEXTS])
+        features = reference.tokenize([engine.text.prompts.get(name, "") + text for text in TEXTS])
         assert answer["usage"]["prompt_tokens"] == int(features["attention_mask"].sum())
 
 
@@ -63,19 +64,19 @@ def test_left_truncation_keeps_the_end_and_the_prompt(family, engines, reference
     finally:
         reference.tokenizer.truncation_side = "right"
     got, answer = served(engine, {"input": [long_text], "truncation_direction": "left"})
-    assert answer["usage"]["prompt_tokens"] == engine.preparer.max_length and min_cosine(got, want) >= MIN_COSINE
+    assert answer["usage"]["prompt_tokens"] == engine.text.max_length and min_cosine(got, want) >= MIN_COSINE
 
     # With a prompt, the prompt survives and the text's end is kept: the pipeline on those ids.
-    for name, prompt in engine.preparer.prompts.items():
+    for name, prompt in engine.text.prompts.items():
         if not prompt:
             continue
-        tokenizer = engine.preparer.tokenizer
+        tokenizer = engine.text.tokenizer
         joined = tokenizer.body_ids([prompt + long_text])[0]
         keep = len(tokenizer.body_ids([prompt])[0])
-        room = engine.preparer.max_length - len(tokenizer.prefix) - len(tokenizer.suffix)
+        room = engine.text.max_length - len(tokenizer.prefix) - len(tokenizer.suffix)
         ids = tokenizer.prefix + joined[:keep] + joined[len(joined) - (room - keep):] + tokenizer.suffix
         got, answer = served(engine, {"input": [long_text], "prompt_name": name, "truncation_direction": "left"})
-        assert len(ids) == answer["usage"]["prompt_tokens"] == engine.preparer.max_length
+        assert len(ids) == answer["usage"]["prompt_tokens"] == engine.text.max_length
         assert min_cosine(got, st_on_ids(reference, [ids])) >= MIN_COSINE, (family, name)
 
 
@@ -85,7 +86,7 @@ def test_token_id_inputs_give_the_text_s_vector_with_and_without_a_prompt(family
     hf_tokenizer = AutoTokenizer.from_pretrained(families[family])
     texts = ["hello world", "the cat sat on the mat"]
     ids = [hf_tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    for name in [None, *engine.preparer.prompts]:
+    for name in [None, *engine.text.prompts]:
         option = {"prompt_name": name} if name else {}
         from_text, text_answer = served(engine, {"input": texts, **option})
         from_ids, ids_answer = served(engine, {"input": ids, **option})
@@ -98,7 +99,7 @@ def test_position_limit_is_the_usable_one(family, families, engines):
     """66 position embeddings, 64 usable (positions start after the padding id): the server stops
     at 64, and 64 is exactly where transformers itself stops working."""
     engine = engines[family]
-    assert engine.encoder.max_positions == 64 and engine.preparer.max_length <= 64
+    assert engine.encoder.max_positions == 64 and engine.text.max_length <= 64
     with pytest.raises(ValueError, match="65 exceeds the 64 positions"):
         make_engine(families[family], max_length=65)
     longest = make_engine(families[family], max_length=64)
@@ -188,7 +189,7 @@ def test_cache_keys_tell_excluded_prompt_tokens_apart(tiny_model_dir):
     from embedserve.handler.scheduling.cache import EmbeddingCache
 
     cache = EmbeddingCache("m", None, None)
-    assert cache.key([1, 2, 3]) == cache.key([1, 2, 3], 0) != cache.key([1, 2, 3], 2)
+    assert cache.key(ModelInput([1, 2, 3])) == cache.key(ModelInput([1, 2, 3], 0)) != cache.key(ModelInput([1, 2, 3], 2))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

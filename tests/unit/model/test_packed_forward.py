@@ -13,7 +13,10 @@ from embedserve.handler.model.files import POOLING_MODES
 from embedserve.handler.model.packed_forward import (
     GROUPED_SDPA, VARLEN_FLASH, PackedTransformer, attention_kernel, length_groups, pack, packed_support, pool_packed,
 )
-from embedserve.handler.model.pooling import POOLED, PROMPT, pool
+from embedserve.handler.model.inputs import ModelInput, TokenRole
+from embedserve.handler.model.pooling import pool
+
+POOLED, PROMPT = TokenRole.POOLED, TokenRole.PROMPT
 from tests.support.inputs import random_rows, varied_texts
 
 SUPPORTED_FAMILIES = ("bert_dense", "xlmr", "mpnet")
@@ -243,7 +246,7 @@ def test_passes_run_pooling_and_head_as_the_padded_path(models):
     passes = PackedBackend(PackedTransformer(model), ("mean", "cls"), head)
     rows = random_rows(model, [3, 40, 9, 1])
     unpooled = [1, 4, 0, 0]
-    inputs = passes.prepare(rows, unpooled)
+    inputs = passes.prepare([ModelInput(row, skip) for row, skip in zip(rows, unpooled)])
     assert passes.computed_tokens(inputs) == inputs.ids.numel() == 53
     hidden, mask = padded_forward(model, rows, unpooled)
     with torch.inference_mode():

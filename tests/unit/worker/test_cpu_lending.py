@@ -13,6 +13,7 @@ from embedserve.handler.worker.cpu_lending import CpuLending
 from embedserve.handler.settings import Settings
 from tests.support.engines import make_engine
 from tests.support.parts import ObservedBackend, on_backend
+from embedserve.handler.model.inputs import plain_inputs
 
 
 def test_workers_claim_distinct_home_cpus_until_none_is_left(tmp_path):
@@ -87,13 +88,13 @@ def test_the_encoder_runs_small_passes_on_borrowed_cpus(tiny_model_dir, monkeypa
     lending, other_worker = CpuLending.join(2, 1, tmp_path), CpuLending.join(2, 1, tmp_path)
     encoder = on_backend(engine.encoder, counted, placement=placement, lending=lending,
                          max_batch_tokens=placement.max_batch_tokens)
-    encoder.embed([[2] * 20])  # a small pass, the other worker idle: both CPUs
-    encoder.embed([[2] * 60] * 20)  # one pass of 1200 padded tokens, over 1024: its own CPU only
+    encoder.embed(plain_inputs([[2] * 20]))  # a small pass, the other worker idle: both CPUs
+    encoder.embed(plain_inputs([[2] * 60] * 20))  # one pass of 1200 padded tokens, over 1024: its own CPU only
     with other_worker.batch():
-        encoder.embed([[2] * 20])  # the other worker busy: its own CPU only
+        encoder.embed(plain_inputs([[2] * 20]))  # the other worker busy: its own CPU only
     encoder.lend_min_tokens = 21  # as measure_speed sets it for a model whose short passes are quick
-    encoder.embed([[2] * 20])  # too short a pass to gain from a second CPU: its own only
-    encoder.embed([[2] * 21])
+    encoder.embed(plain_inputs([[2] * 20]))  # too short a pass to gain from a second CPU: its own only
+    encoder.embed(plain_inputs([[2] * 21]))
     assert seen == [2, 1, 1, 1, 2]
     assert torch.get_num_threads() == 1  # back to its share after each pass
 

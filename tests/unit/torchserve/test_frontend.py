@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from embedserve.handler.worker.frontend import (TS_DEFAULT_MAX_RESPONSE_SIZE, answer_limit,
-                                                frontend_max_response_size, read_properties)
+from embedserve.handler.torchserve.frontend import (TS_DEFAULT_MAX_RESPONSE_SIZE, answer_limit,
+                                                    frontend_max_response_size, read_properties)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
 

@@ -1,4 +1,4 @@
-"""TorchServe entry point: the only module that knows TorchServe.
+"""TorchServe's entry point: the archive names this file as its handler (archive/build.py).
 
 It reads settings from the model's model-config.yaml, assembles the service, and in `handle`
 moves each request's body and headers in and each response's status, headers and body out.
@@ -21,13 +21,14 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
 from embedserve.handler.assembly import assemble
-from embedserve.handler.execution.faults import DeviceFailure
+from embedserve.handler.execution.device_errors import DeviceFailure
 from embedserve.handler.service import EmbeddingService, RawRequest, Response
 from embedserve.handler.settings import Settings
+from embedserve.handler.torchserve.frontend import answer_limit, frontend_max_response_size
+from embedserve.handler.torchserve.profile import TORCHSERVE
 from embedserve.handler.worker.allocator import FreedMemory, pin_mmap_threshold
 from embedserve.handler.worker.busy import BusyMark
 from embedserve.handler.worker.failures import log_failure
-from embedserve.handler.worker.frontend import answer_limit, frontend_max_response_size
 from embedserve.handler.worker.metrics import BatchReport, MetricBuffer, Row
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,10 @@ class EmbeddingHandler:
             gpu_id=properties.get("gpu_id"),
             workers=int(config.get("minWorkers") or 1),
             response_timeout_s=float(config.get("responseTimeout") or DEFAULT_RESPONSE_TIMEOUT_S),
+            server=TORCHSERVE,
+            # The URL's version segment, which the OpenAPI document's paths hold.
+            model_version=str((context.manifest or {}).get("model", {}).get("modelVersion") or "1.0"),
         )
-        # The URL's version segment, which the OpenAPI document's paths hold.
-        self.service.model_version = str((context.manifest or {}).get("model", {}).get("modelVersion") or "1.0")
         self.busy = BusyMark()
         self.initialized = True
         info = self.service.info()
@@ -111,7 +113,7 @@ class EmbeddingHandler:
     @staticmethod
     def _reply(responses: list[Response], context: Context) -> None:
         for idx, response in enumerate(responses):
-            context.set_response_content_type(idx, "application/json")
+            context.set_response_content_type(idx, response.content_type)
             if response.status != 200:
                 # The reason phrase is fixed ASCII; the detail is in the JSON body.
                 context.set_response_status(response.status, HTTPStatus(response.status).phrase, idx)
@@ -128,16 +130,17 @@ class EmbeddingHandler:
 
 
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:
-    # A plain POST body arrives as the parameter "body" (or "data" from some clients). TorchServe
-    # passes the headers and the body but not the HTTP method: method stays None, and the codec
-    # tells a GET by its missing body and content type.
+    # A plain POST body arrives as the parameter "body" (or "data" from some clients).
     body = row.get("body", row.get("data"))
     content_type = _content_type(idx, context)
+    # TorchServe passes the headers and the body but not the HTTP method (TORCHSERVE.note): a request
+    # with neither a body nor a content type is what a GET sends, any other is taken for a POST.
+    method = "GET" if not body and not content_type else "POST"
     if isinstance(body, str) and content_type == "application/json":
         # TorchServe decoded the JSON body, a JSON string: give the codec what was sent, so that
         # it is refused as JSON that is not an object instead of taken for a text/plain body.
         body = json.dumps(body)
-    return RawRequest(body=body, content_type=content_type, url_path=_header(idx, context, "url_path"))
+    return RawRequest(body=body, content_type=content_type, url_path=_header(idx, context, "url_path"), method=method)
 
 
 def _content_type(idx: int, context: Context) -> str | None:

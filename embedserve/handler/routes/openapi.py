@@ -4,7 +4,7 @@ Routes from the codec's `Route`, request options from its option table (`OPTION_
 statuses and bodies from the error kinds (errors.py), limits from the settings and the worker's
 measured bound, the dimension, max length, vocabulary and prompts from the model: nothing is
 written twice, so the document cannot drift from what the handler does. The service serves it at
-/predictions/<model>/<version>/openapi.json; docs/api.md is the same facts for people.
+<model>/<version>/openapi.json; docs/api.md is the same facts for people.
 """
 
 from __future__ import annotations
@@ -12,12 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from embedserve.handler.api.codec import (ALLOWED_METHOD, CASE_INSENSITIVE, IGNORED_FIELDS, OPTION_TYPES, Options,
-                                          Route, parse_request)
+from embedserve.handler.api.codec import ALLOWED_METHOD
 from embedserve.handler.api.errors import (EMPTY, INTERNAL, KINDS, MALFORMED, METHOD_NOT_ALLOWED, OUT_OF_MEMORY,
                                            OVERLOADED, TOO_LARGE, UNAVAILABLE, UNPROCESSABLE, ErrorKind, RequestError,
                                            too_large)
+from embedserve.handler.api.route import Route
+from embedserve.handler.api.server import PLAIN, ServerProfile
+from embedserve.handler.model.files import Task
+from embedserve.handler.routes.table import ROUTES
 from embedserve.handler.settings import Settings
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, IGNORED_FIELDS, OPTION_TYPES, Options
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,10 @@ class ServedModel:
     prompts: tuple[str, ...]  # prompt names
     settings: Settings
     max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
-    task: str = "embed"  # embed, rerank or classify (model/files.py)
+    task: Task = Task.EMBED
     labels: tuple[str, ...] = ()  # a scoring model's labels
     instructed: bool = False  # a causal reranker: (query, document) pairs only, an instruction allowed
+    server: ServerProfile = PLAIN  # its paths, its key, its own answers
 
 
 def limits(model: ServedModel) -> dict[str, int]:
@@ -57,14 +62,6 @@ DESCRIBE_ERRORS = (INTERNAL,)
 BEFORE_BODY = (METHOD_NOT_ALLOWED,)
 # What fails a whole batch, in the OpenAI shape on every route (service.failed, service.unavailable).
 BATCH_ERRORS = (INTERNAL, UNAVAILABLE)
-# TorchServe's own answers, before or around the handler: (status, when; None: an empty body).
-TORCHSERVE_ANSWERS = (
-    (400, "TorchServe: a missing or wrong inference key", "TorchServeError"),
-    (413, "TorchServe: a body over max_request_size (config.properties), with an empty body", None),
-    (500, "TorchServe: \"Worker died.\": the worker running the batch died; retry", "TorchServeError"),
-    (503, "TorchServe: the job queue is full; retry", "TorchServeError"),
-    (507, "TorchServe: the worker running the batch was killed; retry", "TorchServeError"),
-)
 
 OPTION_NOTES = {
     "normalize": "L2-normalize the vectors (after `dimensions`)",
@@ -84,9 +81,21 @@ EMBED_OPTIONS = tuple(key for key in OPTION_TYPES if key != "add_special_tokens"
 TOKENIZE_OPTIONS = ("add_special_tokens", "prompt_name")
 
 
+def service_document(service: Any, server: ServerProfile, version: str) -> dict[str, Any]:
+    """The document of a service's routes, with its model's real values and limits."""
+    text = service.text
+    return openapi_document(ServedModel(
+        name=service.model_name, version=version, dimension=text.checks.dimension, max_length=text.max_length,
+        vocab_size=text.tokenizer.vocab_size, prompts=tuple(sorted(text.prompts)), settings=service.settings,
+        max_tokens_per_request=service.max_request_tokens, task=service.task,
+        labels=getattr(service.work, "labels", ()), instructed=getattr(service.work, "chat_pairs", None) is not None,
+        server=server))
+
+
 def openapi_document(model: ServedModel) -> dict[str, Any]:
-    base = f"/predictions/{model.name}"
-    versioned = f"{base}/{model.version}"
+    server = model.server
+    base = server.model_url(model.name)
+    versioned = server.versioned_url(model.name, model.version)
     bound = limits(model)
     return {
         "openapi": "3.1.0",
@@ -95,25 +104,25 @@ def openapi_document(model: ServedModel) -> dict[str, Any]:
             "version": model.version,
             "description": (
                 f"Text embeddings of the model `{model.name}` (dimension {model.dimension}, at most "
-                f"{model.max_length} tokens an input) on TorchServe. Every call sends the inference key as a "
-                "bearer token. Limits: " + ", ".join(f"{key} {value}" for key, value in bound.items()) +
-                ". Any other path after the version answers 404 (`not_found`); OPTIONS is answered by "
-                "TorchServe itself."),
+                f"{model.max_length} tokens an input) on {server.name}. Every call sends {server.auth}. "
+                "Limits: " + ", ".join(f"{key} {value}" for key, value in bound.items()) +
+                ". Any other path after the version answers 404 (`not_found`)." +
+                (f" {server.note}" if server.note else "")),
             "x-limits": bound,
         },
         "security": [{"bearerAuth": []}],
         "paths": {
-            **(_embedding_paths(model, base, versioned) if model.task == "embed" else
+            **(_embedding_paths(model, base, versioned) if model.task is Task.EMBED else
                _scoring_paths(model, versioned)),
             f"{versioned}/{Route.TEI_TOKENIZE.value}": {"post": _tokenize(model)},
-            f"{versioned}/{Route.TEI_INFO.value}": {"get": _info("infoGet"), "post": _info("infoPost")},
-            f"{versioned}/{Route.OPENAPI.value}": {"get": _openapi()},
+            f"{versioned}/{Route.TEI_INFO.value}": {"get": _info("infoGet", server), "post": _info("infoPost", server)},
+            f"{versioned}/{Route.OPENAPI.value}": {"get": _openapi(server)},
+            f"{versioned}/{Route.DOCS.value}": {"get": _docs(server)},
         },
         "components": {
             "securitySchemes": {"bearerAuth": {
                 "type": "http", "scheme": "bearer",
-                "description": "TorchServe's inference key, from key_file.json; a missing or wrong key is refused "
-                               "with TorchServe's 400"}},
+                "description": server.auth}},
             "schemas": _schemas(model),
         },
     }
@@ -135,21 +144,21 @@ def _scoring_paths(model: ServedModel, versioned: str) -> dict[str, Any]:
         "teiPredict", "Scores per label of a text or a (text, text) pair, TEI's /predict, best first",
         {"application/json": {"schema": _ref("PredictRequest"),
                               "examples": _examples({"pair": {"inputs": ["what is a cat", "a small animal"]}})}},
-        {"schema": _ref("PredictAnswer")}, _error_responses(EMBED_ERRORS, Route.TEI_PREDICT, model=model))
+        {"schema": _ref("PredictAnswer")}, _error_responses(EMBED_ERRORS, Route.TEI_PREDICT, model.server, model=model))
     paths = {f"{versioned}/{Route.TEI_PREDICT.value}": {"post": predict}}
-    if model.task != "rerank":
+    if model.task is not Task.RERANK:
         return paths
     example = {"query": "what is a cat", "texts": ["a small animal", "a car"]}
     paths[f"{versioned}/{Route.TEI_RERANK.value}"] = {"post": _operation(
         "teiRerank", "Relevance of each text to the query, TEI's /rerank, best first",
         {"application/json": {"schema": _ref("RerankRequest"), "examples": _examples({"texts": example})}},
-        {"schema": _ref("RerankAnswer")}, _error_responses(EMBED_ERRORS, Route.TEI_RERANK, model=model))}
+        {"schema": _ref("RerankAnswer")}, _error_responses(EMBED_ERRORS, Route.TEI_RERANK, model.server, model=model))}
     for route, operation_id in ((Route.RERANK_V1, "rerankV1"), (Route.RERANK_V2, "rerankV2")):
         paths[f"{versioned}/{route.value}"] = {"post": _operation(
             operation_id, "Relevance of each document to the query, Cohere's and Jina's rerank, best first",
             {"application/json": {"schema": _ref("CohereRerankRequest"), "examples": _examples(
                 {"documents": {"query": "what is a cat", "documents": ["a small animal", "a car"], "top_n": 1}})}},
-            {"schema": _ref("CohereRerankAnswer")}, _error_responses(EMBED_ERRORS, route, model=model))}
+            {"schema": _ref("CohereRerankAnswer")}, _error_responses(EMBED_ERRORS, route, model.server, model=model))}
     return paths
 
 def _native(model: ServedModel) -> dict[str, Any]:
@@ -160,7 +169,7 @@ def _native(model: ServedModel) -> dict[str, Any]:
                               "examples": _examples(_embedding_examples(model) | {"tei": {"inputs": ["hello world"]}})},
          "text/plain": {"schema": _ref("Text"), "example": "hello world"}},
         {"schema": {"anyOf": [_ref("EmbeddingList"), _ref("TEIEmbeddings")]}},
-        _error_responses(EMBED_ERRORS, Route.NATIVE, also_tei=True, model=model))
+        _error_responses(EMBED_ERRORS, Route.NATIVE, model.server, also_tei=True, model=model))
 
 
 def _openai(model: ServedModel) -> dict[str, Any]:
@@ -169,7 +178,7 @@ def _openai(model: ServedModel) -> dict[str, Any]:
         {"application/json": {"schema": _ref("EmbeddingRequest"),
                               "examples": _examples(_embedding_examples(model))}},
         {"schema": _ref("EmbeddingList"), "example": _list_example(model)},
-        _error_responses(EMBED_ERRORS, Route.OPENAI, model=model))
+        _error_responses(EMBED_ERRORS, Route.OPENAI, model.server, model=model))
 
 
 def _tei_embed(model: ServedModel) -> dict[str, Any]:
@@ -178,7 +187,7 @@ def _tei_embed(model: ServedModel) -> dict[str, Any]:
         "teiEmbed", "Embeddings, TEI's /embed: one vector a text",
         {"application/json": {"schema": _ref("TEIEmbedRequest"), "examples": _examples({"texts": example})}},
         {"schema": _ref("TEIEmbeddings"), "example": [[0.0213, -0.0452, 0.0088]]},
-        _error_responses(EMBED_ERRORS, Route.TEI_EMBED, model=model))
+        _error_responses(EMBED_ERRORS, Route.TEI_EMBED, model.server, model=model))
 
 
 def _tei_similarity(model: ServedModel) -> dict[str, Any]:
@@ -188,7 +197,7 @@ def _tei_similarity(model: ServedModel) -> dict[str, Any]:
         {"application/json": {"schema": _ref("SimilarityRequest"), "examples": _examples({"sentences": example})}},
         {"schema": {"type": "array", "items": {"type": "number", "minimum": -1.0001, "maximum": 1.0001}},
          "example": [0.77, 0.35]},
-        _error_responses(EMBED_ERRORS, Route.TEI_SIMILARITY, model=model))
+        _error_responses(EMBED_ERRORS, Route.TEI_SIMILARITY, model.server, model=model))
 
 
 def _tokenize(model: ServedModel) -> dict[str, Any]:
@@ -199,18 +208,29 @@ def _tokenize(model: ServedModel) -> dict[str, Any]:
         {"application/json": {"schema": _ref("TokenizeRequest"),
                               "examples": _examples({"text": {"inputs": "hello world"}})}},
         {"schema": _ref("Tokens"), "example": example},
-        _error_responses(TOKENIZE_ERRORS, Route.TEI_TOKENIZE, model=model))
+        _error_responses(TOKENIZE_ERRORS, Route.TEI_TOKENIZE, model.server, model=model))
 
 
-def _info(operation_id: str) -> dict[str, Any]:
+def _info(operation_id: str, server: ServerProfile) -> dict[str, Any]:
     return _operation(operation_id, "The model, how it runs, and the limits (TEI's /info keys and more); "
                                     "any method, any body", None, {"schema": _ref("Info")},
-                      _error_responses(DESCRIBE_ERRORS, Route.TEI_INFO))
+                      _error_responses(DESCRIBE_ERRORS, Route.TEI_INFO, server))
 
 
-def _openapi() -> dict[str, Any]:
+def _openapi(server: ServerProfile) -> dict[str, Any]:
     return _operation("openapi", "This document, with the model's real values; any method, any body", None,
-                      {"schema": _ref("OpenAPIDocument")}, _error_responses(DESCRIBE_ERRORS, Route.OPENAPI))
+                      {"schema": _ref("OpenAPIDocument")}, _error_responses(DESCRIBE_ERRORS, Route.OPENAPI, server))
+
+
+def _docs(server: ServerProfile) -> dict[str, Any]:
+    operation = _operation("docs", "This document as a browsable page (Swagger UI, its files under docs/); any "
+                                   "method, any body", None, {"schema": {"type": "string"}},
+                           _error_responses(DESCRIBE_ERRORS, Route.DOCS, server))
+    operation["responses"]["200"]["content"] = {"text/html": {"schema": {"type": "string"}}}
+    operation["responses"]["404"] = {"description": "an archive built without the page's files, or an unknown "
+                                                    "file name", "content": {"application/json": {
+                                                        "schema": _ref("OpenAIError")}}}
+    return operation
 
 
 def _operation(operation_id: str, summary: str, request: dict | None, answer: dict,
@@ -220,14 +240,14 @@ def _operation(operation_id: str, summary: str, request: dict | None, answer: di
         operation["requestBody"] = {"required": True, "content": request}
     operation["responses"] = {
         "200": {"description": "the answer", "headers": {"x-batch-size": _header(
-            "how many requests TorchServe batched with this one")},
+            "how many requests the server batched with this one")},
                 "content": {"application/json": answer}},
         **errors,
     }
     return operation
 
 
-def _error_responses(kinds: tuple[ErrorKind, ...], route: Route, *, also_tei: bool = False,
+def _error_responses(kinds: tuple[ErrorKind, ...], route: Route, server: ServerProfile, *, also_tei: bool = False,
                      model: ServedModel | None = None) -> dict[str, Any]:
     """Each status the route answers: when, and the bodies it comes with."""
     answers: dict[int, tuple[list[str], list[str]]] = {}  # status -> (whens, schema names)
@@ -244,8 +264,8 @@ def _error_responses(kinds: tuple[ErrorKind, ...], route: Route, *, also_tei: bo
             add(kind.tei_status, f"{kind.meaning} (a TEI body: TEI's shape)", "TEIError")
     for kind in BATCH_ERRORS:
         add(kind.status, f"{kind.meaning} (the whole batch: OpenAI's shape)", "OpenAIError")
-    for status, when, schema in TORCHSERVE_ANSWERS:
-        add(status, when, schema)
+    for own in server.answers:
+        add(own.status, own.when, own.schema)
 
     examples = _error_examples(route, model) if model is not None else {}
     responses = {}
@@ -296,11 +316,11 @@ def _list_example(model: ServedModel) -> dict[str, Any]:
 def _error_examples(route: Route, model: ServedModel) -> dict[int, Any]:
     """Real error bodies, made by the codec from bad requests on this route."""
     field = "inputs" if route.tei else "input"
-    bodies = {b"": None, b'{"%s": ["hello", 5]}' % field.encode(): "application/json"}
+    bodies = [(b"", None, "GET"), (b'{"%s": ["hello", 5]}' % field.encode(), "application/json", "POST")]
     examples = {}
-    for body, content_type in bodies.items():
+    for body, content_type, method in bodies:
         try:
-            parse_request(body, content_type, route.value)
+            ROUTES[route].parse(body, content_type, method)
         except RequestError as err:
             examples[err.http_status] = err.body()
     limit = model.settings.max_inputs_per_request
@@ -397,14 +417,12 @@ def _schemas(model: ServedModel) -> dict[str, Any]:
             "type": "object", "required": ["error", "error_type"], "additionalProperties": False,
             "properties": {"error": {"type": "string"},
                            "error_type": {"enum": sorted({kind.tei_type for kind in KINDS})}}},
-        "TorchServeError": {
-            "type": "object", "required": ["code", "type", "message"],
-            "properties": {"code": {"type": "integer"}, "type": {"type": "string"}, "message": {"type": "string"}}},
+        **model.server.error_schemas,
     }
 
 
 def _scoring_schemas(model: ServedModel, many: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
-    if model.task == "embed":
+    if model.task is Task.EMBED:
         return {}
     common = {"raw_scores": {"type": ["boolean", "null"], "description": "the logits, without the activation"},
               "truncate": options["truncate"], "truncation_direction": options["truncation_direction"]}

@@ -1,0 +1,36 @@
+"""One input of a forward pass, as every layer below the tasks sees it.
+
+A task (embedserve/handler/tasks/) turns each input of a request into a ModelInput; the planner,
+the cache keys, the encoder and the backends carry these records, never parallel lists. A new
+per-input fact a task needs (a span to pool, a segment) is one more field here, read by the
+backends that use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Iterable, Sequence
+
+
+class TokenRole(IntEnum):
+    """What a position of a right-padded pass is, in its pooling mask (model/pooling.py)."""
+    PAD = 0  # padding: neither attended to nor pooled
+    POOLED = 1  # a token the model attends to and pooling uses
+    PROMPT = 2  # a prompt token the model attends to but pooling leaves out (include_prompt: false)
+    SECOND = 3  # a token of a pair's second text (token type 1), for scoring models, which do not pool
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    ids: Sequence[int]  # the model's input ids, special tokens included
+    unpooled: int = 0  # leading tokens pooling leaves out (an excluded prompt)
+    second: int = 0  # where a pair's second text starts (token type 1); 0: a single text
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def plain_inputs(token_ids: Iterable[Sequence[int]]) -> list[ModelInput]:
+    """Inputs that are token ids alone: every token pooled, one segment."""
+    return [ModelInput(ids) for ids in token_ids]

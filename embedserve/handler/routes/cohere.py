@@ -1,0 +1,54 @@
+"""Cohere's and Jina's rerank: POST .../v1/rerank (Cohere v1, Jina) and .../v2/rerank (what Cohere's
+ClientV2 posts), the same body and answer.
+
+{"model", "query", "documents": [text | {"text"}], "top_n", "return_documents", "instruction",
+"raw_scores", "truncate", "truncation_direction"} -> {"id", "model", "results": [{"index",
+"relevance_score", "document"?}], "meta", "usage"}, best first. "instruction" only for a causal
+language model reranker (its chat template's system message).
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+from typing import Any
+
+from embedserve.handler.api.codec import dumps, json_object, option_value, required
+from embedserve.handler.api.route import Route
+from embedserve.handler.model.files import Task
+from embedserve.handler.routes.base import RouteSpec, parsing
+from embedserve.handler.routes.tei import best_first
+from embedserve.handler.tasks.embed import IGNORED_FIELDS
+from embedserve.handler.tasks.score import Scores, ScoringRequest, parse_query, parse_texts, scoring_options
+
+
+def parse_rerank(route: Route, body: Any, content_type: str | None, method: str | None) -> ScoringRequest:
+    payload = json_object(body, content_type, method)
+    common = scoring_options(payload)
+    query = parse_query(payload)
+    for key in IGNORED_FIELDS:
+        option_value(payload, key, str)
+    documents = parse_texts(required(payload, "documents"), "documents", objects=True)
+    return ScoringRequest(route, tuple((query, text) for text in documents), "documents",
+                          return_text=bool(option_value(payload, "return_documents", bool)),
+                          top_n=option_value(payload, "top_n", int),
+                          instruction=option_value(payload, "instruction", str), **common)
+
+
+def encode_rerank(request: ScoringRequest, result: Scores, model_name: str) -> bytes:
+    relevance = result.values[:, 0]
+    documents = request.documents
+    return dumps({
+        "id": str(uuid.uuid4()),
+        "model": model_name,
+        "results": [{"index": i, "relevance_score": float(relevance[i]),
+                     **({"document": {"text": documents[i]}} if request.return_text else {})}
+                    for i in best_first(relevance, request.top_n)],
+        "meta": {"api_version": {"version": "2" if request.route is Route.RERANK_V2 else "1"},
+                 "billed_units": {"search_units": 1}},
+        "usage": {"total_tokens": result.tokens},
+    })
+
+
+ROUTES = tuple(RouteSpec(route, frozenset({Task.RERANK}), parsing(route, partial(parse_rerank, route)), encode_rerank)
+               for route in (Route.RERANK_V1, Route.RERANK_V2))

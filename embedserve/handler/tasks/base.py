@@ -1,0 +1,118 @@
+"""What every task slice shares: the prepared request (a Job), the checks every request meets
+before the model, and the contract a slice keeps with the service.
+
+A task is what the model serves (model/files.py decides it once from the folder: embed, rerank,
+classify). Its slice (tasks/embed.py, tasks/score.py) owns its request type, its preparation into
+one ModelInput per input, its answer's size bound, and its result; the route families
+(embedserve/handler/routes/) read its requests off the wire and write its results back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, Union
+
+import torch
+
+from embedserve.handler.api.errors import RequestError, out_of_memory, too_large
+from embedserve.handler.model.files import Task
+from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.model.tokenization import TextTokenizer
+from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
+from embedserve.handler.settings import Settings
+
+
+class TaskRequest(Protocol):
+    """What the service and the error paths read of any task's request."""
+    inputs: Sequence[Any]
+    field: str  # the JSON field its inputs came from, to name it in errors
+
+    def param(self, index: int) -> str:
+        """Input `index`'s place in the body, for errors."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A valid request of any task, tokenized: one model input per input of the request."""
+    request: TaskRequest
+    inputs: list[ModelInput]
+    normalize: bool = False  # an embedding answer's own normalization
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(item) for item in self.inputs)
+
+
+# One request's model outputs (vectors or logits) and its inputs that did not fit in memory even
+# alone, or its error.
+Outcome = Union[tuple[torch.Tensor, frozenset[int]], RequestError]
+
+
+class TaskSlice(Protocol):
+    task: Task
+
+    def prepare(self, requests: dict[int, Any], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
+        """Each request checked and tokenized on its own: its Job, or its error."""
+
+    def results(self, jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, Any]:
+        """Each request's result (what its route encodes), or its error; `outcomes` has no error
+        and no unfit input left."""
+
+    def max_answer_bytes(self, request: Any, route: Any, model_name: str) -> int:
+        """An upper bound of the request's answer, before any work."""
+
+
+class RequestChecks:
+    """The limits every request of every task meets, and the model facts its checks need."""
+
+    def __init__(self, tokenizer: TextTokenizer, settings: Settings, *, model_name: str, dimension: int,
+                 max_length: int):
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.model_name = model_name
+        self.dimension = dimension  # the served vector's width; a scoring model's label count
+        self.max_length = max_length  # tokens per input
+
+    def count(self, request: TaskRequest) -> None:
+        if len(request.inputs) > self.settings.max_inputs_per_request:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
+                            f"max_inputs_per_request={self.settings.max_inputs_per_request}", param=request.field)
+
+    def chars(self, text: str, param: str) -> None:
+        if len(text) > self.settings.max_input_chars:
+            raise too_large(f"'{param}' has {len(text)} characters; the limit is "
+                            f"max_input_chars={self.settings.max_input_chars}", param=param)
+
+    def answer_size(self, request: TaskRequest, answer: int, remedy: str) -> None:
+        """A request whose answer could exceed what the server sends back is refused before any work."""
+        if answer > self.settings.max_response_bytes:
+            raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
+                            f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
+                            f"per answer: {remedy}", param=request.field)
+
+    def length(self, request: TaskRequest, index: int, full_length: int, truncate: bool, what: str = "") -> None:
+        if not truncate and full_length > self.max_length:
+            raise too_large(f"'{request.param(index)}' has {full_length} tokens{what}; the limit is {self.max_length} "
+                            "and truncation is off (send \"truncate\": true to cut it)", param=request.param(index))
+
+    def tokens(self, total: int, field: str, budget: WorkBudget | None) -> None:
+        if total > self.settings.max_tokens_per_request:
+            raise too_large(f"the request has {total} tokens; the limit is max_tokens_per_request="
+                            f"{self.settings.max_tokens_per_request}", param=field)
+        limit = max_request_tokens(self.settings.max_tokens_per_request, budget)
+        if total > limit:  # only under a work budget
+            raise too_large(f"the request has {total} tokens; this worker embeds about "
+                            f"{budget.tokens_per_second:.0f} tokens/s, so a request may hold at most "
+                            f"{limit} tokens to finish well within the server's "
+                            f"{budget.response_timeout_s:.0f} s response timeout; send fewer or shorter inputs per "
+                            "request", param=field)
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
+        return [self.tokenizer.assemble(body, self.max_length, "right").ids for body in self.tokenizer.body_ids(texts)]
+
+
+def does_not_fit(job: Job, item: int) -> RequestError:
+    param = job.request.param(item)
+    return out_of_memory(f"'{param}' ({len(job.inputs[item])} tokens) does not fit in memory even alone; send it "
+                         "shorter or lower max_length", param=param)

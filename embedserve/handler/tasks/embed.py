@@ -1,0 +1,376 @@
+"""The embed task: texts (or token ids) in, one vector per input out, shaped as each request asks.
+
+Its request type and options (read off the wire by the native, OpenAI and TEI route families),
+its preparation (every check before the model, the prompt, the token ids, truncation), its
+answer's size bound, and its result: the vectors cut to `dimensions`, normalized, quantized.
+
+Preparation: each request is checked on its own, so a bad one becomes its own error and takes no
+part in the forward pass; the texts of all good requests are tokenized in one call, then each
+request's lengths and tokens are checked on its own. Shaping (Matryoshka dimensions, then
+normalization) runs on all requests of a batch together, quantizing on each alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from embedserve.handler.api.codec import as_int, check_text, json_type, option_value, short
+from embedserve.handler.api.errors import RequestError, empty, internal_error, malformed, unprocessable
+from embedserve.handler.api.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
+from embedserve.handler.api.route import Route
+from embedserve.handler.model.files import Task
+from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.model.pooling import l2_normalize
+from embedserve.handler.scheduling.admission import WorkBudget
+from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
+from embedserve.handler.worker.failures import log_failure
+
+ENCODING_FORMATS = ("float", "base64")
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+# Every option of an embedding request, parsed alike on every route: its JSON type and, for a
+# string, its values (the first is the default; none listed: any string). A missing field or null
+# means the default. The OpenAPI document (routes/openapi.py) is built from this table.
+OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
+    "normalize": (bool, ()),
+    "truncate": (bool, ()),
+    "truncation_direction": (str, TRUNCATION_DIRECTIONS),
+    "prompt_name": (str, ()),
+    "dimensions": (int, ()),  # a positive integer
+    "output_dtype": (str, OUTPUT_DTYPES),
+    "encoding_format": (str, ENCODING_FORMATS),
+    "add_special_tokens": (bool, ()),  # /tokenize only
+}
+# Options whose values are matched in any case: TEI clients send "Left" and "Right".
+CASE_INSENSITIVE = ("truncation_direction",)
+# OpenAI's request fields the URL makes needless: checked to be strings, then ignored.
+IGNORED_FIELDS = ("model", "user")
+
+# One input: a text, or pre-tokenized ids (OpenAI's token-array input).
+Input = Union[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Options:
+    # None means the server's setting.
+    normalize: bool | None = None
+    truncate: bool | None = None
+    truncation_direction: str = "right"
+    prompt_name: str | None = None
+    dimensions: int | None = None  # Matryoshka truncation
+    output_dtype: str = "float"
+    encoding_format: str = "float"
+    add_special_tokens: bool = True  # /tokenize only
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    route: Route
+    inputs: tuple[Input, ...] = ()
+    options: Options = field(default_factory=Options)
+    # The JSON field the inputs came from, to name it in errors ("input" or "inputs").
+    field: str = "input"
+
+    def param(self, index: int) -> str:
+        """Input `index`'s place in the body, for errors: /similarity's input 0 is its source."""
+        if self.route is Route.TEI_SIMILARITY:
+            return "inputs.source_sentence" if index == 0 else f"inputs.sentences[{index - 1}]"
+        return f"{self.field}[{index}]"
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """An embedding request's result: its vectors in the requested dtype, and its tokens."""
+    vectors: np.ndarray  # (inputs, dimensions) float32, or codes
+    tokens: int
+
+
+# --- reading the request ---------------------------------------------------------------------------
+
+def parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ...]:
+    kinds = "a string or a list of strings" + (", or token ids" if allow_token_ids else "")
+    if isinstance(value, str):
+        return (check_text(value, name),)
+    if not isinstance(value, list):
+        raise malformed(f"'{name}' must be {kinds}, got {json_type(value)}", param=name)
+    if not value:
+        raise empty(f"'{name}' must not be an empty list", param=name)
+    if allow_token_ids and as_int(value[0]) is not None:  # one pre-tokenized input: [101, 2023, ...]
+        return (_check_ids(value, name),)
+    parsed: list[Input] = []
+    for i, item in enumerate(value):
+        param = f"{name}[{i}]"
+        if isinstance(item, str):
+            parsed.append(check_text(item, param))
+        elif allow_token_ids and isinstance(item, list):
+            parsed.append(_check_ids(item, param))
+        else:
+            expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
+            raise malformed(f"'{param}' must be {expected}, got {json_type(item)}", param=param)
+    return tuple(parsed)
+
+
+def _check_ids(ids: list, param: str) -> tuple[int, ...]:
+    if not ids:
+        raise empty(f"'{param}' must not be an empty list of token ids", param=param)
+    checked = []
+    for j, token in enumerate(ids):
+        number = as_int(token)
+        if number is None or number < 0:
+            raise malformed(f"'{param}[{j}]' must be a non-negative integer token id, got {short(token)}",
+                            param=f"{param}[{j}]")
+        checked.append(number)
+    return tuple(checked)
+
+
+def parse_options(payload: dict[str, Any]) -> Options:
+    for key in IGNORED_FIELDS:
+        option_value(payload, key, str)
+    values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
+              for key, (kind, choices) in OPTION_TYPES.items()}
+    return Options(**{key: value for key, value in values.items() if value is not None})
+
+
+# --- the answer's size -----------------------------------------------------------------------------
+
+# The most bytes one number takes in a JSON answer, its separator included: orjson writes a
+# float32 in at most 16 characters ("-0.0000053924714"), an int8 code in 4 ("-128").
+_FLOAT_JSON_BYTES = 17
+_CODE_JSON_BYTES = 5
+# Bytes around each vector ({"object":"embedding","index":4095,"embedding":...},) and around the
+# list (object, model, usage), with room to spare.
+_ROW_OVERHEAD_BYTES = 64
+_LIST_OVERHEAD_BYTES = 256
+
+
+def max_answer_bytes(count: int, dimensions: int, output_dtype: str, encoding_format: str,
+                     model_name: str = "", route: Route | None = None) -> int:
+    """An upper bound of the bytes an embedding answer of `count` vectors takes on `route` (None:
+    any route), computed before embedding: what must fit the server's largest answer."""
+    values = -(-dimensions // 8) if output_dtype in ("binary", "ubinary") else dimensions
+    if encoding_format == "base64":
+        row = 4 * -(-values * base64_value_bytes(output_dtype, route) // 3)
+    else:
+        row = values * (_FLOAT_JSON_BYTES if output_dtype == "float" else _CODE_JSON_BYTES)
+    return count * (row + _ROW_OVERHEAD_BYTES) + _LIST_OVERHEAD_BYTES + len(model_name)
+
+
+def base64_value_bytes(output_dtype: str, route: Route | None) -> int:
+    """Bytes one value takes before base64: 4 (float32) for floats, and for codes on the OpenAI
+    route, whose clients decode base64 as float32 whatever was asked; 1 for codes elsewhere."""
+    return 4 if output_dtype == "float" or route in (None, Route.OPENAI) else 1
+
+
+# --- the slice -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    tokens: int  # its tokens without special tokens: what truncation never cuts
+    unpooled: int  # what pooling leaves out: 0 unless the Pooling module excludes the prompt
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A valid embedding request before tokenizing: the texts it needs tokenized."""
+    request: EmbeddingRequest
+    normalize: bool
+    prompt: Prompt
+    texts: dict[int, str]  # input index -> prompt + text, for the tokenizer
+    bodies: list[list[int] | None]  # token ids without special tokens; None where `texts` holds the input
+
+
+class EmbedTask:
+    task = Task.EMBED
+
+    def __init__(self, checks: RequestChecks, *, prompts: dict[str, str], default_prompt: str, include_prompt: bool):
+        """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag)."""
+        self.checks = checks
+        self.settings = checks.settings
+        self.tokenizer = checks.tokenizer
+        self.prompts = prompts
+        self.default_prompt = default_prompt
+        self._include_prompt = include_prompt
+        self._prompt_tokens = {text: self._measure_prompt(text) for text in {default_prompt, *prompts.values()}}
+
+    @property
+    def max_length(self) -> int:
+        return self.checks.max_length
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        return self.checks.token_ids(texts)
+
+    def _measure_prompt(self, text: str) -> Prompt:
+        if not text:
+            return Prompt("", 0, 0)
+        return Prompt(text, tokens=len(self.tokenizer.body_ids([text])[0]),
+                      unpooled=0 if self._include_prompt else self.tokenizer.prompt_length(text))
+
+    def prepare(self, requests: dict[int, EmbeddingRequest], budget: WorkBudget | None
+                ) -> dict[int, Job | RequestError]:
+        outcomes: dict[int, Job | RequestError] = {}
+        checked: dict[int, _Checked] = {}
+        for index, request in requests.items():
+            try:
+                checked[index] = self._check(request)
+            except RequestError as err:
+                outcomes[index] = err
+        outcomes.update(self._tokenize(checked, budget))
+        return dict(sorted(outcomes.items()))
+
+    def _check(self, request: EmbeddingRequest) -> _Checked:
+        """Every check before tokenizing: limits, options, prompt, token ids; and the texts to
+        tokenize: `prompt + text`, tokenized as one string, as sentence-transformers does. With a
+        prompt, token-id inputs are the text they decode to, so that both forms of one text give
+        the same vector."""
+        options = request.options
+        normalize = self.settings.normalize if options.normalize is None else options.normalize
+        self.check_limits(request)
+        self._check_options(request, normalize)
+        prompt = self.prompt(options.prompt_name)
+        texts: dict[int, str] = {}
+        bodies: list[list[int] | None] = []
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str):
+                texts[i] = prompt.text + item
+                bodies.append(None)
+                continue
+            for j, token in enumerate(item):
+                if token >= self.tokenizer.vocab_size:
+                    raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
+                                        f"vocabulary of {self.tokenizer.vocab_size}",
+                                        param=f"{request.field}[{i}][{j}]")
+            if prompt.text:
+                texts[i] = prompt.text + self.tokenizer.decode(item)
+            bodies.append(None if prompt.text else list(item))
+        return _Checked(request, normalize, prompt, texts, bodies)
+
+    def _tokenize(self, checked: dict[int, _Checked], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
+        """The checked requests' texts tokenized in one call, then each request finished on its
+        own: a request over a token limit gets its error, the others go on."""
+        texts = [text for pending in checked.values() for text in pending.texts.values()]
+        try:
+            tokenized = self.tokenizer.body_ids(texts) if texts else []
+        except Exception:  # a text that breaks the tokenizer: tokenize each request alone to find its owner
+            tokenized = None
+        outcomes: dict[int, Job | RequestError] = {}
+        start = 0
+        for index, pending in checked.items():
+            stop = start + len(pending.texts)
+            try:
+                own = tokenized[start:stop] if tokenized is not None else \
+                    self.tokenizer.body_ids(list(pending.texts.values()))
+                outcomes[index] = self._finish(pending, own, budget)
+            except RequestError as err:
+                outcomes[index] = err
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                outcomes[index] = internal_error()
+            start = stop
+        return outcomes
+
+    def _finish(self, checked: _Checked, tokenized: list[list[int]], budget: WorkBudget | None) -> Job:
+        """The checks after tokenizing, given the token ids of `checked.texts` in order: length
+        per input (truncated, or refused with truncation off) and tokens per request."""
+        request, prompt = checked.request, checked.prompt
+        options = request.options
+        bodies = list(checked.bodies)
+        for i, ids in zip(checked.texts, tokenized):
+            bodies[i] = ids
+        truncate = self.settings.truncate if options.truncate is None else options.truncate
+        max_length = self.checks.max_length
+        assembled = [self.tokenizer.assemble(body, max_length, options.truncation_direction, keep=prompt.tokens)
+                     for body in bodies]
+        for i, item in enumerate(assembled):
+            self.checks.length(request, i, item.full_length, truncate)
+        inputs = [ModelInput(item.ids, unpooled=prompt.unpooled) for item in assembled]
+        self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
+        return Job(request, inputs, checked.normalize)
+
+    def check_limits(self, request: EmbeddingRequest) -> None:
+        """Input count and characters per text, both before any tokenizing."""
+        self.checks.count(request)
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str):
+                self.checks.chars(item, request.param(i))
+
+    def _check_options(self, request: EmbeddingRequest, normalize: bool) -> None:
+        options, dimension = request.options, self.checks.dimension
+        if options.dimensions is not None and options.dimensions > dimension:
+            raise unprocessable(f"'dimensions' must be at most the model's dimension {dimension}, "
+                                f"got {options.dimensions}", param="dimensions")
+
+        def answer_bytes(encoding_format: str) -> int:
+            return max_answer_bytes(len(request.inputs), options.dimensions or dimension, options.output_dtype,
+                                    encoding_format, self.checks.model_name, request.route)
+
+        answer = answer_bytes(options.encoding_format)
+        # base64 is no smaller for codes on the OpenAI route (4 bytes each): suggest it only where it helps.
+        smaller = ", or \"encoding_format\": \"base64\"" if answer_bytes("base64") < answer else ""
+        self.checks.answer_size(request, answer, f"send fewer inputs per request, fewer 'dimensions'{smaller}")
+        # Only the answer's own normalization makes unit vectors: the pipeline's final Normalize
+        # is left to it (model/head.py), so `normalize: false` gives vectors of any length.
+        if options.output_dtype in SCALAR_DTYPES and not normalize:
+            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] of "
+                                "normalized vectors; with \"normalize\": false they are not unit length: drop "
+                                "\"normalize\": false or use float/binary", param="output_dtype")
+
+    def prompt(self, name: str | None) -> Prompt:
+        if name is None:
+            return self._prompt_tokens[self.default_prompt]
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none (the model defines no prompts)"
+            raise unprocessable(f"unknown 'prompt_name' '{name}'; known: {known}", param="prompt_name")
+        return self._prompt_tokens[self.prompts[name]]
+
+    def results(self, jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, Embeddings | RequestError]:
+        """Each request's vectors as it asked: Matryoshka truncation first, then normalization, so
+        truncated vectors are unit length, then its output dtype. This is also where a pipeline's
+        final Normalize runs (the encoder leaves it out, model/head.py): `"normalize": false` keeps
+        the vector before it. The rows of all requests that ask for one `dimensions` are
+        normalized together, in one operation."""
+        shaped: dict[int, torch.Tensor | RequestError] = {}
+        groups: dict[int | None, list[int]] = {}
+        for index, job in jobs.items():
+            vectors, _ = outcomes[index]
+            dimensions = job.request.options.dimensions
+            shaped[index] = vectors if dimensions is None else vectors[:, :dimensions]
+            if job.normalize:
+                groups.setdefault(dimensions, []).append(index)
+        for indices in groups.values():
+            parts = [shaped[index] for index in indices]
+            try:
+                normalized = l2_normalize(torch.cat(parts) if len(parts) > 1 else parts[0])
+            except Exception as err:  # a bug met here fails these answers, not the batch
+                log_failure("normalizing the embeddings of the batch", err)
+                for index in indices:
+                    shaped[index] = internal_error("the server failed to encode this answer; the failure is logged")
+                continue
+            for index, rows in zip(indices, normalized.split([len(part) for part in parts])):
+                shaped[index] = rows
+        results: dict[int, Embeddings | RequestError] = {}
+        for index, vectors in shaped.items():
+            job = jobs[index]
+            try:
+                results[index] = vectors if isinstance(vectors, RequestError) else \
+                    Embeddings(quantize(vectors.numpy(), job.request.options.output_dtype), job.tokens)
+            except Exception as err:  # a bug met by one answer must not fail its batch
+                log_failure(f"quantizing the answer of request {index} of the batch", err)
+                results[index] = internal_error("the server failed to encode this answer; the failure is logged")
+        return results
+
+    def max_answer_bytes(self, request: EmbeddingRequest, route: Route, model_name: str) -> int:
+        options = request.options
+        return max_answer_bytes(len(request.inputs), options.dimensions or self.checks.dimension,
+                                options.output_dtype, options.encoding_format, model_name, route)
+
+    def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
+        """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""
+        self.check_limits(request)
+        prompt = self.prompt(request.options.prompt_name).text
+        texts = [prompt + text for text in request.inputs]
+        return self.tokenizer.tokens(texts, request.options.add_special_tokens)
