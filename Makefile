@@ -70,6 +70,7 @@ stop:
 test: $(VENV)/.installed-test
 	@bash scripts/require_java.sh
 	@bash scripts/require_redis.sh
+	@bash scripts/require_chromium.sh
 	$(PY) -m pytest
 
 # The CI fuzzer (about 200 examples per operation) at a size of over 10,000 requests; prints its summary.

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from bench.gpu.correctness import compare
-from bench.gpu.engines import release
+from bench.gpu.engines import graphs_of, release
 from bench.gpu.report import GRAPHS_MAX_REL_ERROR
 from embedserve.handler.assembly import assemble
 from embedserve.handler.service import EmbeddingService
@@ -133,7 +133,7 @@ def mode(model_dir: Path, device: str, settings: dict, ids: list[list[int]],
     row.update(layout=info["layout"], attention=info["attention"], graphs_captured=info["cuda_graphs"])
     if warnings:
         row["startup_warnings"] = warnings
-    runner = engine.encoder.graph_runner
+    runner = graphs_of(engine.encoder.backend)
     before = None if runner is None else (runner.replays, runner.eager)
     try:
         vectors = np.concatenate([engine.encoder.embed(plain_inputs(ids[i:i + TORCHSERVE_BATCH])).vectors.numpy()

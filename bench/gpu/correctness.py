@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.gpu.engines import graphs_of
 from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary_words
 from bench.gpu.common import TORCHSERVE_BATCH
 from embedserve.handler.service import EmbeddingService
@@ -132,7 +133,7 @@ def _max_pairwise_cosine(vectors: np.ndarray) -> float:
 
 def _graph_counts(engine: EmbeddingService) -> tuple[int, int] | None:
     """Replays and eager passes so far of the engine's graphs, or None."""
-    runner = engine.encoder.graph_runner
+    runner = graphs_of(engine.encoder.backend)
     return None if runner is None else (runner.replays, runner.eager)
 
 

@@ -4,6 +4,8 @@ runner's own resets of torch's one peak counter."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gc
 import time
 from dataclasses import replace
@@ -16,6 +18,11 @@ from embedserve.handler.backends.cuda_graphs import release_memory
 from embedserve.handler.execution.placement import available_cpus
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
+
+
+def graphs_of(backend) -> Any:
+    """The CUDA graphs a backend replays (a GraphRunner or a PackedGraphRunner), or None."""
+    return getattr(backend, "graphs", None)
 
 
 class Bench:
@@ -49,7 +56,7 @@ class Bench:
         if self.device == "cuda":
             record["resident_mib"] = round((torch.cuda.memory_allocated() - before) / 2**20, 1)
             record["startup_peak_mib"] = mib(startup_peak)
-        runner = engine.encoder.graph_runner
+        runner = graphs_of(engine.encoder.backend)
         if runner is not None:
             record["graphs_captured"] = len(runner.graphs)
         self.records[name] = record

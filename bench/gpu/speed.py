@@ -15,7 +15,8 @@ import torch
 from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary_words
 from bench.gpu.common import ST_BATCH_SIZES, TORCHSERVE_BATCH
 from bench.inprocess import flops_per_token
-from embedserve.handler.service import EmbeddingService, RawRequest
+from embedserve.handler.api.exchange import RawRequest
+from embedserve.handler.service import EmbeddingService
 from embedserve.handler.model.inputs import plain_inputs
 
 LATENCY_TOKENS = (16, 64, 128)

@@ -43,23 +43,24 @@ class SmokeError(RuntimeError):
 def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     """Load and embed as a worker would; return the report's lines. Raises SmokeError."""
     from embedserve.handler.assembly import assemble
+    from embedserve.handler.model.description import Task
     from embedserve.handler.settings import Settings
 
     dtype = "int8" if handler_section["dtype"] == "int8" else "float32"  # GPU dtypes are checked as float32
     settings = Settings.from_mapping({**handler_section, "device": "cpu", "dtype": dtype, "cpu_threads": 1})
     engine = assemble(model_dir, settings, model_name="check", cuda_available=False, warm=True)
     info = engine.info()
-    preparer = engine.text
-    prompts = ", ".join(f"{name}={text!r}" for name, text in preparer.prompts.items()) or "none"
+    text_task = engine.text
+    prompts = ", ".join(f"{name}={text!r}" for name, text in text_task.prompts.items()) or "none"
     lines = [
         f"architecture: {info['architecture']} (engine: {info['engine']})",
         f"pipeline: {' -> '.join(info['modules'])}",
         f"pooling: {info['pooling'] or OWN_HEAD}",
-        f"prompts: {prompts}; default: {preparer.default_prompt!r}",
-        f"max length: {preparer.max_length} tokens"
+        f"prompts: {prompts}; default: {text_task.default_prompt!r}",
+        f"max length: {text_task.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
-        f"dimension: {engine.encoder.dimension}" if engine.scoring is None else
-        f"task: {engine.task}, labels: {', '.join(engine.scoring.labels)}",
+        f"dimension: {engine.encoder.dimension}" if engine.task is Task.EMBED else
+        f"task: {engine.task}, labels: {', '.join(engine.work.scoring.labels)}",
     ]
     if settings.pooling != "auto" or settings.prompt:
         return lines + ["sentence-transformers: not compared (pooling or prompt set by the build overrides the "
@@ -68,7 +69,7 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         import sentence_transformers  # noqa: F401  (optional: the test extras install it)
     except ImportError:
         return lines + ["sentence-transformers: not installed, not compared"]
-    if engine.scoring is not None:
+    if engine.task is not Task.EMBED:
         return lines + [_compare_scores(engine, model_dir)]
     return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
 
@@ -86,12 +87,12 @@ def _compare_scores(engine, model_dir: Path) -> str:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     import torch
 
-    causal = engine.scoring.chat is not None
+    causal = engine.work.scoring.chat is not None
     inputs = [*PAIRS] if causal else [*PAIRS, *TEXTS]  # pairs go out as JSON lists, [query, document]
     # /predict answers the softmax of a classifier's logits, as TEI does; one label, its activation.
-    options = dict(activation_fn=torch.nn.Identity(), apply_softmax=True) if len(engine.scoring.labels) > 1 else {}
+    options = dict(activation_fn=torch.nn.Identity(), apply_softmax=True) if len(engine.work.scoring.labels) > 1 else {}
     want = np.asarray(reference.predict(inputs, **options), dtype=np.float64).reshape(len(inputs), -1)
-    labels = engine.scoring.labels
+    labels = engine.work.scoring.labels
     got = np.array([[dict((item["label"], item["score"]) for item in row)[label] for label in labels]
                     for row in _answer(engine, {"inputs": inputs}, "predict")])
     if causal:  # the instruction rides in the chat template's system message
@@ -138,7 +139,7 @@ def _served(engine, body: dict[str, Any]) -> np.ndarray:
 
 def _answer(engine, body: dict[str, Any], route: str = "") -> Any:
     """The engine's JSON answer to `body` on `route`, through the whole request path."""
-    from embedserve.handler.service import RawRequest
+    from embedserve.handler.api.exchange import RawRequest
 
     [response] = engine.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
     if response.status != 200:

@@ -4,7 +4,7 @@ swagger-ui-dist at a pinned version, fetched with npm (`npm pack`, which follows
 configuration: registry, proxy, certificates), checked against its pinned integrity hash, and
 kept in build/swagger-ui/ (ignored by git), so that later builds, offline ones too, take it from
 there. The build copies only the files the page uses (docs_page.ASSETS, with the licence and
-notice) into the archive's swagger-ui/ folder: 2 MB, about 0.5 MB compressed in the .mar.
+notice) into the archive's swagger-ui/ folder: 1.9 MB, 0.5 MB compressed in the .mar.
 
 When it cannot be had (no npm, no registry), the build still makes the archive, without the page,
 and says so; the page then answers 404 saying how to build it in.

@@ -1,1 +1,1 @@
-"""Text-embedding handler for TorchServe: a server-agnostic engine plus one TorchServe adapter."""
+"""Text-embedding handler: a server-agnostic engine plus one adapter per server (torchserve/)."""

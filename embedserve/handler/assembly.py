@@ -25,7 +25,8 @@ from embedserve.handler.execution.encoder import Encoder
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer
-from embedserve.handler.model.files import ModelDescription, Task, describe_model, resolve_max_length
+from embedserve.handler.model.description import ModelDescription, Task
+from embedserve.handler.model.files import describe_model, resolve_max_length
 from embedserve.handler.model.inputs import plain_inputs
 from embedserve.handler.model.tokenization import TextTokenizer, set_parallelism
 from embedserve.handler.routes.describe import Description, info_body

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from embedserve.handler.api.codec import ALLOWED_METHOD, encode_error
-from embedserve.handler.api.errors import METHOD_NOT_ALLOWED, RequestError, internal_error, overloaded, unavailable
+from embedserve.handler.api.codec import encode_error
+from embedserve.handler.api.errors import RequestError, internal_error, overloaded
+from embedserve.handler.api.exchange import JSON, RawRequest, Response
 from embedserve.handler.execution.encoder import Encoder
 from embedserve.handler.execution.isolated import embed_isolated
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import error_body
 from embedserve.handler.routes.describe import Description
 from embedserve.handler.routes.table import ROUTES, find, task_routes
@@ -34,25 +35,6 @@ from embedserve.handler.worker.metrics import BatchReport
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-# Statuses a client should retry after a moment: a full work budget (429 on TEI routes).
-RETRY_LATER = (429, 503)
-
-
-@dataclass(frozen=True)
-class RawRequest:
-    body: Any
-    content_type: str | None = None
-    url_path: str | None = None
-    method: str | None = None  # None where the server does not say: served as a POST
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    content_type: str = JSON
 
 
 @dataclass(frozen=True)
@@ -131,11 +113,11 @@ class EmbeddingService:
             report.encode_ms, clock = _since(clock)
             report.inputs = sum(len(job.inputs) for job in jobs.values())
 
-        headers = {"x-batch-size": str(len(raw_requests))}
         for status, _, _ in answers:
             report.statuses[status] = report.statuses.get(status, 0) + 1
         log.debug("batch: %s", report)  # counts only: request text never reaches the logs
-        return [Response(status, body, {**headers, **_status_headers(status)}, content_type)
+        batch = str(len(raw_requests))
+        return [Response.of(status, body, content_type, **{"x-batch-size": batch})
                 for status, body, content_type in answers], report
 
     def _admit(self, jobs: dict[int, Job], answers: list) -> dict[int, Job]:
@@ -170,25 +152,6 @@ class EmbeddingService:
                 bodies[index] = error_body(internal_error("the server failed to encode this answer; the failure "
                                                           "is logged"), route)
         return bodies
-
-    def failed(self, raw_requests: Sequence[RawRequest]) -> list[Response]:
-        """500 for every request: what a worker answers when a batch fails outside every guard."""
-        body = encode_error(internal_error("the server failed to answer this batch; the failure is logged"))
-        return [Response(500, body) for _ in raw_requests]
-
-    def unavailable(self, raw_requests: Sequence[RawRequest], reason: str) -> list[Response]:
-        """503 for every request: what a worker answers after its device failed."""
-        body = encode_error(unavailable(f"{reason}; this worker is being replaced, retry the request"))
-        return [Response(503, body, {"retry-after": "1"}) for _ in raw_requests]
-
-
-def _status_headers(status: int) -> dict[str, str]:
-    """What a status asks of the client: retry after a moment, or use the method allowed."""
-    if status in RETRY_LATER:
-        return {"retry-after": "1"}
-    if status == METHOD_NOT_ALLOWED.status:
-        return {"allow": ALLOWED_METHOD}
-    return {}
 
 
 def _since(clock: float) -> tuple[float, float]:

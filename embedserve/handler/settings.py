@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.description import POOLING_MODES
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
@@ -32,7 +32,7 @@ class SettingsError(ValueError):
 class Settings:
     # Where the model files live, relative to the unpacked .mar.
     model_path: str = "model"
-    # "auto": the GPU TorchServe assigned to this worker when CUDA is available, else CPU.
+    # "auto": the GPU the server assigned to this worker when CUDA is available, else CPU.
     device: str = "auto"
     # "auto": float16 on CUDA (bfloat16 for checkpoints saved in it); on a CPU float32, or
     # bfloat16 where the CPU has bf16 units and a bfloat16 engine of cpu_bf16_engines measures
@@ -85,9 +85,9 @@ class Settings:
     max_inputs_per_request: int = 4096
     max_input_chars: int = 100_000  # checked before tokenizing
     max_tokens_per_request: int = 1_048_576  # after truncation, prompts included
-    # The largest answer TorchServe passes on (its max_response_size, which the build sets so the
-    # limits above fit at the model's dimension): a request whose answer could be larger is
-    # refused with 413 before anything is computed, instead of the frontend dropping the worker.
+    # The largest answer the server passes on (the build sets the server's own limit so the limits
+    # above fit at the model's dimension): a request whose answer could be larger is refused with
+    # 413 before anything is computed, instead of the frontend dropping the worker.
     max_response_bytes: int = 6_553_600
     # GPU only: capture a CUDA graph per (batch, length) bucket of these ladders at start-up
     # (pairs over max_batch_tokens or the position embeddings are skipped) and replay it for

@@ -24,7 +24,7 @@ def reference(tiny_model_dir):
     engine = make_engine(tiny_model_dir)
 
     def embed(texts):
-        from embedserve.handler.service import RawRequest
+        from embedserve.handler.api.exchange import RawRequest
 
         [response] = engine.handle([RawRequest({"input": list(texts)})])
         return np.array([d["embedding"] for d in json.loads(response.body)["data"]])

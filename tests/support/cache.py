@@ -3,7 +3,7 @@ with its batch report."""
 
 import json
 
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 
 TTL_S = 600
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from embedserve.handler.backends.base import Backend, PassCost, PassInputs
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from embedserve.handler.api.quantize import OUTPUT_DTYPES, quantize
 from embedserve.handler.api.route import Route
 from embedserve.handler.assembly import with_work_bound
 from embedserve.handler.routes.table import ROUTES
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.tasks.embed import EmbeddingRequest, Options, max_answer_bytes
 from tests.support.wire import encode_embeddings
 from tests.support.engines import make_engine

@@ -1,18 +1,18 @@
 """The browsable API page of a model: Swagger UI over its OpenAPI document, from the archive.
 
-Served at /predictions/<model>/<version>/docs, and its files at .../docs/<name>: `docs_answer`
-gives the status, body and content type of each. No CDN: swagger-ui-dist (Apache-2.0, pinned
-in embedserve/archive/swagger_ui.py) travels in the .mar, in the folder swagger-ui/ beside the
+Served at <model>/<version>/docs, and its files at <version>/docs/<name>: `docs_answer` gives the
+status, body and content type of each. No CDN: swagger-ui-dist (Apache-2.0, pinned in
+embedserve/archive/swagger_ui.py) travels in the .mar, in the folder swagger-ui/ beside the
 handler package; an archive built without it answers 404 saying how to build it in.
 
-The inference key. TorchServe 0.12 reads it only from each request's `Authorization: Bearer`
-header (no query parameter, no cookie), and a browser sends no such header when it opens a URL
-or loads a page's scripts: with token authorization on, a plain browser gets TorchServe's 400 for
-the page itself. The page opens where the browser sends the header for this server (a
-header-setting extension, a browser driven over DevTools as tests/integration/test_docs_page.py
-does), or where token authorization is off. The page's own requests, openapi.json and every
-"Try it out" call, carry the key typed in its key field (kept for the tab in sessionStorage, sent
-only to this server), and Swagger UI's Authorize dialog shows it authorized.
+The key. Where the server reads it only from each request's `Authorization: Bearer` header, as
+ours does (docs/api.md, "The API page"), a browser cannot open the page by itself: it sends no
+such header for a page it opens or the scripts the page loads. The page opens where the browser
+sends the header (a header-setting extension, a browser driven over DevTools as
+tests/integration/test_docs_page.py does), or where the server asks for no key. The page's own
+requests, openapi.json and every "Try it out" call, carry the key typed into its key field (kept
+for the tab in sessionStorage, sent to this server only), and Swagger UI's Authorize dialog
+shows it authorized.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ Answer = tuple[int, bytes, str]
 
 def docs_answer(subpath: str, openapi_url: str, assets: Path = ASSETS_DIR) -> Answer:
     """The answer to <version>/docs/<subpath>: "" the page, else a file of ASSETS by name.
-    `openapi_url`: the document's absolute path, /predictions/<model>/<version>/openapi.json;
-    the page's files are fetched from its sibling docs/."""
+    `openapi_url`: the document's absolute path, ending <version>/openapi.json; the page fetches
+    its files from the sibling <version>/docs/."""
     name = subpath.strip("/")
     if name not in PAGE_NAMES and name not in ASSETS:
         return _error(f"no file '{name}' in the API page; its files: {', '.join(ASSETS)}")
@@ -73,7 +73,7 @@ def page(openapi_url: str, assets: Path = ASSETS_DIR) -> str:
     base = openapi_url.rsplit("/", 1)[0] + "/docs/"
     # Into the script as a JSON string, '<' escaped so no value can end the script element.
     url = json.dumps(openapi_url).replace("<", "\\u003c")
-    # The icon in the page: a browser fetches a linked icon without the key, which TorchServe refuses.
+    # The icon in the page: a browser fetches a linked icon without the key, which the server refuses.
     icon = "data:image/png;base64," + base64.b64encode((assets / "favicon-32x32.png").read_bytes()).decode()
     return (_PAGE.replace("{{BASE}}", _attribute(base)).replace("{{TITLE}}", _attribute(openapi_url))
             .replace("{{ICON}}", icon).replace("{{OPENAPI_URL}}", url))
@@ -101,8 +101,8 @@ _PAGE = """<!doctype html>
 </head>
 <body>
 <form id="key-bar">
-  <label for="key">TorchServe inference key</label>
-  <input id="key" name="key" type="password" autocomplete="off" placeholder="inference.key in key_file.json">
+  <label for="key">Inference key</label>
+  <input id="key" name="key" type="password" autocomplete="off" placeholder="sent as Authorization: Bearer">
   <button id="use-key" type="submit">Use key</button>
   <span id="key-note"></span>
 </form>
@@ -148,8 +148,8 @@ _PAGE = """<!doctype html>
       var refused = response.status === 400 || response.status === 401 || response.status === 403;
       if (refused && new URL(response.url, location.href).pathname === new URL(OPENAPI_URL, location.href).pathname) {
         note.textContent = key
-          ? "TorchServe refused the key (HTTP " + response.status + "): keys expire, read key_file.json again"
-          : "TorchServe asks for the inference key (HTTP " + response.status + "): enter it here";
+          ? "the server refused this key (HTTP " + response.status + "): keys expire, enter the current one"
+          : "the server asks for the inference key (HTTP " + response.status + "): enter it here";
         field.focus();
       }
       return response;

@@ -32,7 +32,7 @@ EMPTY = ErrorKind("empty_input", 400, 400, "Empty", "an empty string or list")
 UNPROCESSABLE = ErrorKind("invalid_value", 400, 422, "Validation",
                           "valid JSON the model cannot take: unknown prompt_name, dimensions above the model's, "
                           "token ids outside the vocabulary, int8/uint8 without normalization")
-NOT_FOUND = ErrorKind("not_found", 404, 404, "Validation", "unknown route after /predictions/<model>/<version>/")
+NOT_FOUND = ErrorKind("not_found", 404, 404, "Validation", "unknown route after <model>/<version>/ in the URL")
 METHOD_NOT_ALLOWED = ErrorKind("method_not_allowed", 405, 405, "Validation",
                                "a request without a body or content type, as a GET sends: the route takes POST")
 TOO_LARGE = ErrorKind("too_large", 413, 413, "Validation", "over a limit (the message names it)")
@@ -49,7 +49,7 @@ KINDS = (MALFORMED, EMPTY, UNPROCESSABLE, NOT_FOUND, METHOD_NOT_ALLOWED, TOO_LAR
 
 
 # A message or param quotes the request (a key, a value, a prompt name) only this far, so an
-# error never echoes megabytes back: the answer must stay under TorchServe's max_response_size.
+# error never echoes megabytes back: the answer must stay under the server's largest answer.
 MAX_QUOTE_CHARS = 4096
 
 

@@ -22,8 +22,8 @@ class ServerAnswer:
 @dataclass(frozen=True)
 class ServerProfile:
     name: str
-    model_path: str  # a model's URL path, "{model}" filled in: "/predictions/{model}"
-    versioned_path: str  # with its version: "/predictions/{model}/{version}"
+    model_path: str  # a model's URL path, with "{model}" to fill in
+    versioned_path: str  # with its version, "{model}" and "{version}" to fill in
     auth: str  # how a client sends its bearer key
     answers: tuple[ServerAnswer, ...] = ()
     error_schemas: dict[str, Any] = field(default_factory=dict)  # the schemas `answers` name

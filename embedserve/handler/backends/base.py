@@ -62,3 +62,4 @@ class Backend(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """engine, layout, attention kernel, graphs replayed: for /info and the logs."""
+

@@ -28,7 +28,7 @@ from embedserve.handler.backends.cuda_graphs import release_memory
 from embedserve.handler.execution.calibration import Speed, measure_speed
 from embedserve.handler.execution.device_errors import is_out_of_memory, raise_classified
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.files import Pooling
+from embedserve.handler.model.description import Pooling
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.worker.cpu_lending import CpuLending
 from embedserve.handler.worker.transfer import to_device
@@ -82,11 +82,6 @@ class Encoder:
     @pass_overhead_tokens.setter
     def pass_overhead_tokens(self, tokens: int) -> None:
         self.cost = replace(self.cost, pass_overhead_tokens=tokens)
-
-    @property
-    def graph_runner(self) -> Any:
-        """The CUDA graphs this encoder's passes replay (GraphRunner or PackedGraphRunner), or None."""
-        return getattr(self.backend, "graphs", None)
 
     def describe(self) -> dict[str, Any]:
         """How this encoder runs its passes, for /info: engine, padded or packed, the attention

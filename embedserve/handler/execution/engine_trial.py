@@ -123,8 +123,8 @@ def choose(timings: Mapping[str, Timing], default: str) -> tuple[str, str]:
 
 def trial_key(model_dir: Path, settings: Settings, placement: Placement, names: list[str]) -> str:
     """What makes two workers' trials the same: the model, its candidates, the worker's threads,
-    the CPU and the server process (TorchServe starts every worker of a server, restarts
-    included, from its frontend process)."""
+    the CPU and the server process (the server starts every worker, restarts included, from
+    its frontend process)."""
     facts = [str(Path(model_dir).resolve()), settings.revision, *names, placement.cpu_threads, placement.lend_cpus,
              cpu_model_name(), torch.__version__, os.getppid()]
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]

@@ -1,6 +1,6 @@
 """Where and how a worker computes: device, dtype, threads, pass sizes, CUDA graph ladder.
 
-Resolved once per worker from the settings, the model's files and the worker's lot (TorchServe's
+Resolved once per worker from the settings, the model's files and the worker's lot (the server's
 gpu_id, the worker count, the CPUs this process may use), before anything is loaded. It decides
 nothing about which backend runs the passes: embedserve/handler/execution/select.py does, from this placement.
 """
@@ -110,7 +110,7 @@ def _gpu_dtype(model_dir: Path | None) -> torch.dtype:
 
 
 def worker_device(setting: str, gpu_id: int | None, cuda_available: bool) -> torch.device:
-    """The device of the `device` setting: "auto" and "cuda" mean the GPU TorchServe assigned this
+    """The device of the `device` setting: "auto" and "cuda" mean the GPU the server assigned this
     worker (gpu_id; GPU 0 without one), "auto" without CUDA the CPU; an explicit "cuda:N" is kept."""
     if setting == "cpu" or (setting == "auto" and not cuda_available):
         return torch.device("cpu")

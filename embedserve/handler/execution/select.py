@@ -39,7 +39,7 @@ from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
     time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.files import HeadModule, Pooling, Scoring
+from embedserve.handler.model.description import HeadModule, Pooling, Scoring
 from embedserve.handler.model.head import load_head, logit_score_head
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model

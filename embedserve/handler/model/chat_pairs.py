@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from embedserve.handler.model.files import ChatFormat, ModelFilesError
+from embedserve.handler.model.description import ChatFormat, ModelFilesError
 from embedserve.handler.model.tokenization import Tokenized
 
 # The fillers whose two renders differ only in the pair's content (sentence-transformers' own).
@@ -63,7 +63,7 @@ class ChatPairTokenizer:
         for ids in full:
             kept = list(ids[:max_length] if direction == "right" else ids[max(0, len(ids) - max_length):])
             if self.chat.restore_suffix and len(kept) >= max_length:
-                suffix = self._suffix(instruction)
+                suffix = self.suffix(instruction)
                 keep = min(len(suffix), len(kept))
                 if keep:
                     kept[-keep:] = suffix[-keep:]
@@ -83,7 +83,7 @@ class ChatPairTokenizer:
             raise ChatTemplateError(str(err)) from None
         return [list(ids) for ids in out["input_ids"]]
 
-    def _suffix(self, instruction: str) -> list[int]:
+    def suffix(self, instruction: str) -> list[int]:
         """The template's closing tokens after a pair: the longest common tail of two renders
         with different fillers; none where the renders never differ."""
         if instruction not in self._suffixes:

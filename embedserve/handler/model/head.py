@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from embedserve.handler.model.files import HeadModule, LogitScore, ModelFilesError, activation_class
+from embedserve.handler.model.description import SENTENCE_EMBEDDING, HeadModule, LogitScore, ModelFilesError
 from embedserve.handler.model.pooling import l2_normalize
 
 
@@ -140,3 +140,31 @@ def _lm_head_rows(model_dir: Path, rows: list[int]) -> tuple[torch.Tensor, torch
                 return weight, bias
     raise ModelFilesError(f"{model_dir}: no language model head ({' or '.join(names)}) in its safetensors; "
                           "LogitScore needs the logits of its true and false tokens")
+
+
+def check_head_module(module: HeadModule, where: str) -> HeadModule:
+    config = module.config
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key, SENTENCE_EMBEDDING) not in (SENTENCE_EMBEDDING, None):
+            raise ModelFilesError(f"{where}: {key} '{config[key]}' works on token embeddings; not supported")
+    if module.kind == "Dense":
+        for key in ("in_features", "out_features"):
+            if not isinstance(config.get(key), int):
+                raise ModelFilesError(f"{where}: config.json has no integer '{key}'")
+        activation_class(config.get("activation_function"), where)
+    if module.kind == "LayerNorm" and not isinstance(config.get("dimension"), int):
+        raise ModelFilesError(f"{where}: config.json has no integer 'dimension'")
+    return module
+
+
+def activation_class(name: str | None, where: str = "Dense") -> type:
+    """A Dense module's activation: a torch.nn module class by its full name, as
+    sentence-transformers trusts without remote code; Tanh when the config names none."""
+    import torch
+
+    if name is None:
+        return torch.nn.Tanh
+    cls = getattr(torch.nn, name.rsplit(".", 1)[-1], None) if name.startswith("torch.nn.") else None
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise ModelFilesError(f"{where}: activation_function '{name}' is not a torch.nn module; not supported")
+    return cls

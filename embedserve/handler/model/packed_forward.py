@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
 
-from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.worker.transfer import to_device
 
 # The architectures whose forward this module reproduces, by exact class: a subclass may change it.

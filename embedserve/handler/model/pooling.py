@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.model.inputs import TokenRole
 
 

@@ -22,7 +22,7 @@ from typing import Sequence
 from tokenizers import Tokenizer, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from embedserve.handler.model.files import ModelFilesError
+from embedserve.handler.model.description import ModelFilesError
 
 
 def set_parallelism(enabled: bool) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from embedserve.handler.api.codec import check_method, check_text, decode_body, encode_error, is_text
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.tasks.embed import EmbeddingRequest, parse_inputs, parse_options
 
 # (body, content type, method) -> the task's request; raises RequestError naming the field.

@@ -15,7 +15,7 @@ from typing import Any
 
 from embedserve.handler.api.codec import dumps, json_object, option_value, required
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, parsing
 from embedserve.handler.routes.tei import best_first
 from embedserve.handler.tasks.embed import IGNORED_FIELDS

@@ -10,7 +10,7 @@ from embedserve.handler.api.docs_page import assets_present, docs_answer
 from embedserve.handler.api.errors import too_large
 from embedserve.handler.api.quantize import OUTPUT_DTYPES
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import ModelDescription, Task
+from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.tasks.embed import ENCODING_FORMATS, EmbeddingRequest, EmbedTask
 
 JSON = "application/json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, embedding_request
 from embedserve.handler.routes.openai import encode_list
 

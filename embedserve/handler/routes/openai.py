@@ -15,7 +15,7 @@ import numpy as np
 
 from embedserve.handler.api.codec import dumps
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, embedding_request
 from embedserve.handler.tasks.embed import EmbeddingRequest, Embeddings
 

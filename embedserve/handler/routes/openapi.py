@@ -18,7 +18,7 @@ from embedserve.handler.api.errors import (EMPTY, INTERNAL, KINDS, MALFORMED, ME
                                            too_large)
 from embedserve.handler.api.route import Route
 from embedserve.handler.api.server import PLAIN, ServerProfile
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.table import ROUTES
 from embedserve.handler.settings import Settings
 from embedserve.handler.tasks.embed import CASE_INSENSITIVE, IGNORED_FIELDS, OPTION_TYPES, Options

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from embedserve.handler.api.errors import not_found
 from embedserve.handler.api.route import Route, split_path
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes import cohere, native, openai, tei
 from embedserve.handler.routes.base import RouteSpec, describing
 

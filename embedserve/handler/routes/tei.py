@@ -21,7 +21,7 @@ import numpy as np
 from embedserve.handler.api.codec import check_text, dumps, json_object, json_type, option_value, required
 from embedserve.handler.api.errors import empty, malformed
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, describing, embedding_request, parsing
 from embedserve.handler.routes.openai import encode_vector
 from embedserve.handler.tasks.embed import (OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,

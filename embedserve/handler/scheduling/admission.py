@@ -1,6 +1,6 @@
 """Admission under the work budget: which of a batch's requests go to the model now.
 
-TorchServe kills a worker whose batch runs past the response timeout and fails every request
+The server kills a worker whose batch runs past the response timeout and fails every request
 of it, so each batch holds at most the work this worker embeds in a share of that timeout, at
 the speed it measured at warm-up. Plain arithmetic on token counts, with no errors and no model:
 the caller decides how a refused request is answered.

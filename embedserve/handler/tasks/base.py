@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence, Union
 import torch
 
 from embedserve.handler.api.errors import RequestError, out_of_memory, too_large
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.tokenization import TextTokenizer
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens

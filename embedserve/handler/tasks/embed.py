@@ -22,7 +22,7 @@ from embedserve.handler.api.codec import as_int, check_text, json_type, option_v
 from embedserve.handler.api.errors import RequestError, empty, internal_error, malformed, unprocessable
 from embedserve.handler.api.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget

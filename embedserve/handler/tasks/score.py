@@ -22,7 +22,8 @@ from embedserve.handler.api.codec import check_text, json_type, option_value, re
 from embedserve.handler.api.errors import RequestError, empty, internal_error, malformed, unprocessable
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer, ChatTemplateError
-from embedserve.handler.model.files import Scoring, Task, activation_class
+from embedserve.handler.model.description import Scoring, Task
+from embedserve.handler.model.head import activation_class
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.tokenization import Tokenized
 from embedserve.handler.scheduling.admission import WorkBudget

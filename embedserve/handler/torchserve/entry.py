@@ -22,7 +22,8 @@ from ts.metrics.metric_type_enum import MetricTypes
 
 from embedserve.handler.assembly import assemble
 from embedserve.handler.execution.device_errors import DeviceFailure
-from embedserve.handler.service import EmbeddingService, RawRequest, Response
+from embedserve.handler.api.exchange import RawRequest, Response, failed, unavailable_answers
+from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
 from embedserve.handler.torchserve.frontend import answer_limit, frontend_max_response_size
 from embedserve.handler.torchserve.profile import TORCHSERVE
@@ -100,10 +101,10 @@ class EmbeddingHandler:
                 threading.Timer(EXIT_AFTER_DEVICE_FAILURE_S, os._exit, args=(3,)).start()
             except Exception as err:  # the service answers per request; this is the last line, never TorchServe's 503
                 log_failure("the batch (every request of it is answered 500)", err)
-                responses = self.service.failed(raw)
+                responses = failed(raw)
                 report = BatchReport(requests=len(raw), statuses={500: len(raw)}, task=self.service.task)
         if self.device_failure is not None:
-            responses = self.service.unavailable(raw, self.device_failure)
+            responses = unavailable_answers(raw, self.device_failure)
             report = BatchReport(requests=len(raw), statuses={503: len(raw)}, task=self.service.task)
         self.context = context
         self.metrics.add(report)

@@ -5,7 +5,7 @@ raises its mmap threshold to that size (up to 32 MiB): from then on a worker's a
 from the heap, which fragments and seldom shrinks, and RSS climbs in steps with each new batch
 shape (+13% in a ten-minute MiniLM soak). A fixed 4 MiB threshold kept most blocks on mmap at a
 cost within noise (docs/operations.md). Set at worker start with mallopt, so it holds however
-TorchServe was launched; an operator's own MALLOC_MMAP_THRESHOLD_ wins.
+the server was launched; an operator's own MALLOC_MMAP_THRESHOLD_ wins.
 
 What still comes from the heap leaves freed pages behind as batch shapes change; glibc gives
 them back only when asked (malloc_trim). Asked after a batch at most once a second (about 3 ms,

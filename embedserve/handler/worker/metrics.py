@@ -1,11 +1,11 @@
-"""The handler's own metrics: declared once here, measured per batch, sent through torchserve/entry.py,
-and written into TorchServe's metrics configuration by the build (TorchServe exports only
-declared metrics).
+"""The handler's own metrics: declared once here, measured per batch, sent through the server's adapter,
+and written into the server's metrics configuration by the build (it exports only declared
+metrics).
 
 Counters give a dashboard rates: texts/s, padding efficiency (rate(real tokens) /
 rate(padded tokens)), mean requests per batch, time per stage. One histogram, the handler's time
-per batch in seconds (TorchServe's Prometheus histogram has the standard 5 ms-10 s buckets),
-gives latency percentiles; TorchServe's own latency metrics are counters only.
+per batch in seconds (a Prometheus histogram with the standard 5 ms-10 s buckets), gives
+latency percentiles; the server's own latency metrics are counters only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 # Counters are summed across batches and sent at most this often. Each metric line costs the
 # worker a log record and the frontend a parse, about 60 us of CPU in all: at ten counter lines
-# a batch that was the largest cost of the handler's request path beyond TorchServe's own
+# a batch that was the largest cost of the handler's request path beyond the server's own
 # (docs/performance.md). A scrape sees a counter at most this late.
 COUNTER_FLUSH_S = 0.5
 
@@ -31,13 +31,13 @@ class MetricSpec:
     name: str
     unit: str
     help: str
-    dimensions: tuple[str, ...] = ()  # before TorchServe's own ModelName and Level
+    dimensions: tuple[str, ...] = ()  # before the server's own (ModelName, Level)
     kind: str = "counter"  # or "histogram"
 
 
 @dataclass
 class BatchReport:
-    """What one TorchServe batch cost, filled in by the service."""
+    """What one batch cost, filled in by the service."""
     requests: int = 0
     inputs: int = 0
     task: str = "embed"  # what the inputs were: embed (texts), rerank (pairs) or classify
@@ -54,7 +54,7 @@ class BatchReport:
     cache_errors: int = 0  # failed Redis calls (the batch went on uncached)
 
 
-BATCHES = MetricSpec("EmbedBatches", "count", "TorchServe batches handled")
+BATCHES = MetricSpec("EmbedBatches", "count", "batches handled")
 REQUESTS = MetricSpec("EmbedRequests", "count", "requests handled")
 INPUTS = MetricSpec("EmbedInputs", "count", "inputs embedded (texts, token lists) or scored (pairs, texts), by task "
                     "(embed, rerank, classify)", ("Task",))
@@ -64,7 +64,7 @@ PADDED_TOKENS = MetricSpec("EmbedPaddedTokens", "count", "tokens computed, paddi
 PREPARE_MS = MetricSpec("EmbedPrepareMs", "ms", "time parsing, validating and tokenizing")
 MODEL_MS = MetricSpec("EmbedModelMs", "ms", "time in forward passes and pooling")
 ENCODE_MS = MetricSpec("EmbedEncodeMs", "ms", "time normalizing, quantizing and serializing")
-BATCH_SECONDS = MetricSpec("EmbedBatchSeconds", "s", "handler time per TorchServe batch", kind="histogram")
+BATCH_SECONDS = MetricSpec("EmbedBatchSeconds", "s", "handler time per batch", kind="histogram")
 RESPONSES = MetricSpec("EmbedResponses", "count", "responses by HTTP status", ("Status",))
 CACHE_HITS = MetricSpec("EmbedCacheHits", "count", "inputs answered from the cache, by tier (memory, redis)", ("Tier",))
 CACHE_MISSES = MetricSpec("EmbedCacheMisses", "count", "inputs the cache did not hold")

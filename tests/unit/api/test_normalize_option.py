@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from embedserve.handler.api.quantize import quantize
-from embedserve.handler.model.files import HeadModule
+from embedserve.handler.model.description import HeadModule
 from embedserve.handler.model.head import without_final_normalize
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine
 from tests.support.pipelines import normalize_before_dense, without_normalize

@@ -11,12 +11,12 @@ from openapi_spec_validator import validate
 
 from embedserve.handler.api.errors import KINDS
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.files import Task
+from embedserve.handler.model.description import Task
 from embedserve.handler.routes.openapi import EMBED_OPTIONS, TOKENIZE_OPTIONS, ServedModel, limits, openapi_document
 from embedserve.handler.routes.table import ROUTES
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, OPTION_TYPES
 from embedserve.handler.torchserve.profile import TORCHSERVE
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.settings import Settings
 from tests.support.engines import make_engine
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from embedserve.handler.api.quantize import quantize
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from tests.support.engines import TEXTS, float64_reference, make_engine
 from tests.support.tiny_model import PROMPTS, make_tiny_model
 

@@ -14,9 +14,10 @@ from transformers import AutoTokenizer
 from embedserve.handler.api.route import Route
 from embedserve.handler.api.errors import RequestError
 from embedserve.handler.assembly import assemble
-from embedserve.handler.model.files import LogitScore, ModelFilesError, describe_model
+from embedserve.handler.model.description import LogitScore, ModelFilesError
+from embedserve.handler.model.files import describe_model
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.settings import Settings
 from tests.support.wire import parse_request
 from tests.support.rerankers import LABELS, PAIRS, make_reranker, reference_scores
@@ -164,7 +165,7 @@ def test_left_truncation_of_a_causal_pair_keeps_its_end(rerankers):
     svc = service(rerankers["qwen3"])
     [right, left] = [svc.work.chat_pairs.pairs([PAIRS[3]], 100, side)[0] for side in ("right", "left")]
     full = svc.work.chat_pairs.pairs([PAIRS[3]], 10**6, "right")[0]
-    tail = len(svc.work.chat_pairs._suffix(""))
+    tail = len(svc.work.chat_pairs.suffix(""))
     assert 0 < tail < 50 and full.full_length > 100 and left.ids == full.ids[-100:]
     assert right.ids == full.ids[:100 - tail] + full.ids[-tail:]
 

@@ -100,7 +100,7 @@ def test_pickled_weights_are_converted_to_safetensors(tmp_path, config):
 
 
 def _raw(body):
-    from embedserve.handler.service import RawRequest
+    from embedserve.handler.api.exchange import RawRequest
 
     return RawRequest(body)
 
@@ -246,10 +246,12 @@ def test_unsupported_pipeline_module_fails_the_build_naming_it(tmp_path, config,
 
 
 def test_vectors_that_differ_from_sentence_transformers_fail_the_build(tiny_model_dir, config, capsys, monkeypatch):
-    import embedserve.archive.smoke
+    from sentence_transformers import SentenceTransformer
 
-    served = embedserve.archive.smoke._served
-    monkeypatch.setattr(embedserve.archive.smoke, "_served", lambda engine, body: served(engine, body)[:, ::-1].copy())
+    # sentence-transformers reads the model otherwise than the engine: its vectors, reversed.
+    encode = SentenceTransformer.encode
+    monkeypatch.setattr(SentenceTransformer, "encode", lambda self, *args, **kwargs:
+                        encode(self, *args, **kwargs)[:, ::-1].copy())
     assert run_build(config, "--model", str(tiny_model_dir), "--name", "wrong") == 1
     assert "differ from sentence-transformers" in capsys.readouterr().err
     assert not (config.parent / "store" / "wrong.mar").exists()

@@ -11,7 +11,7 @@ import torch
 from embedserve.handler.backends.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE, OnnxTransformer, is_out_of_memory, load_session
 from embedserve.handler.execution.placement import resolve_placement
 from embedserve.handler.execution.select import choose_engine
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.settings import Settings, SettingsError
 import embedserve.archive.onnx_export as onnx_export
 from tests.support.child import run_child
@@ -145,7 +145,7 @@ import json, resource, sys
 import numpy as np
 from tests.support.engines import make_engine
 from tests.support.parts import backed_by
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
 # 1024 inputs cut to the 48-token limit: one pass of 1024 x 48 tokens, ~40 MB of attention scores.

@@ -19,7 +19,7 @@ from transformers import AutoModel
 
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.execution.select import with_graphs
-from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.packed_forward import PackedInputs, PackedTransformer, pack
 from embedserve.handler.backends.packed_graphs import (

@@ -82,7 +82,7 @@ CPU_OOM_SCRIPT = """
 import json, resource, sys
 import numpy as np, torch
 from tests.support.engines import make_engine
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 
 engine = make_engine(sys.argv[1], max_batch_tokens=1 << 20, max_batch_size=4096, warmup=False)
 texts = ["the cat sat on the mat with a hat and a bat " + str(i) for i in range(1024)]

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine, st_on_ids
 from tests.support.parts import torch_model
@@ -168,7 +168,7 @@ def test_dense_with_residual_relu_and_legacy_module_names(families, tmp_path):
 
 
 def test_head_weights_that_do_not_fit_are_refused(families, tmp_path):
-    from embedserve.handler.model.files import ModelFilesError
+    from embedserve.handler.model.description import ModelFilesError
 
     def edit(path):
         from safetensors.torch import save_file

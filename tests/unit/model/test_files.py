@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from embedserve.handler.model.files import ModelFilesError, Pooling, describe_model, usable_positions
+from embedserve.handler.model.description import ModelFilesError, Pooling
+from embedserve.handler.model.files import describe_model, usable_positions
 from tests.support.tiny_model import make_tiny_model
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from embedserve.handler.model.files import LogitScore, ModelFilesError
+from embedserve.handler.model.description import LogitScore, ModelFilesError
 from embedserve.handler.model.head import logit_score_head
 
 

@@ -9,7 +9,7 @@ from transformers import AutoModel, BertConfig, BertModel, RobertaConfig, Robert
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.packed import PackedBackend
-from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.model.packed_forward import (
     GROUPED_SDPA, VARLEN_FLASH, PackedTransformer, attention_kernel, length_groups, pack, packed_support, pool_packed,
 )

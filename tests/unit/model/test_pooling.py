@@ -4,7 +4,7 @@ tokens left out of pooling, half precision."""
 import pytest
 import torch
 
-from embedserve.handler.model.files import POOLING_MODES
+from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.model.inputs import ModelInput, TokenRole, plain_inputs
 from embedserve.handler.model.pooling import l2_normalize, pool
 

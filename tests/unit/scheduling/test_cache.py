@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from embedserve.handler.scheduling.cache import ENTRY_OVERHEAD_BYTES, REDIS_URL_ENV, MemoryCache
-from embedserve.handler.service import RawRequest
+from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.settings import SettingsError
 from tests.support.cache import TTL_S, embed
 from tests.support.engines import TEXTS, make_engine, matrix

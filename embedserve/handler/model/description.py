@@ -1,0 +1,168 @@
+"""What a model is, as the model folder describes it: the types every wing reads (model/files.py
+reads them off the folder).
+
+sentence-transformers describes a model as a pipeline in `modules.json`: a Transformer (the
+Hugging Face model), a Pooling module, then modules that transform the pooled vector (Dense,
+LayerNorm, Normalize). A scoring model (a reranker or a classifier) is a sequence-classification
+model whose own head gives one logit per label, or a causal language model reranker whose score is
+a LogitScore over pairs rendered through its chat template. Task, decided once from the folder,
+says which: each task has its slice in embedserve/handler/tasks/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+# Pooling modes in sentence-transformers' order of concatenation (its legacy flags, oldest files),
+# under this server's names.
+POOLING_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "last_token",
+}
+POOLING_MODES = tuple(POOLING_FLAGS.values())
+
+# Modules after pooling that this server applies (embedserve/handler/model/head.py), and modules that are the
+# identity at inference.
+HEAD_MODULES = ("Dense", "LayerNorm", "Normalize")
+IDENTITY_MODULES = ("Dropout",)
+# The feature the pooled vector travels under; a module reading another feature works on tokens.
+SENTENCE_EMBEDDING = "sentence_embedding"
+
+
+class Task(StrEnum):
+    """What a model serves, decided once from its folder (ModelDescription.task): vectors, a
+    relevance score per (query, document) pair, or a score per label. Each task has its slice
+    (embedserve/handler/tasks/)."""
+    EMBED = "embed"
+    RERANK = "rerank"
+    CLASSIFY = "classify"
+
+
+class ModelFilesError(ValueError):
+    """A model folder is missing a file or describes something this server cannot do."""
+
+
+@dataclass(frozen=True)
+class Pooling:
+    modes: tuple[str, ...]  # concatenated in this order
+    # False: prompt tokens are attended to but left out of pooling (INSTRUCTOR-style models).
+    include_prompt: bool = True
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.modes)
+
+
+@dataclass(frozen=True)
+class HeadModule:
+    """A module applied to the pooled vector, read from its folder."""
+    kind: str  # one of HEAD_MODULES
+    folder: str  # relative to the model folder; its weights are model.safetensors there
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LogitScore:
+    """A causal language model's score: the last token's logit of `true_token_id`, less that of
+    `false_token_id` where there is one (sentence-transformers' LogitScore module)."""
+    true_token_id: int
+    false_token_id: int | None
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """How sentence-transformers renders a pair through the chat template: each message's content
+    as a string ("flat") or as [{"type": "text", "text": ...}] ("structured"), the template's own
+    keyword arguments, and whether a truncated row gets the template's closing tokens back."""
+    message_format: str
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+    restore_suffix: bool = True
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """A scoring head: its labels, and the activation sentence-transformers' CrossEncoder applies
+    to the logits (a torch.nn class name). A sequence-classification model's own head gives the
+    logits; a causal language model's come from `logit_score` over pairs rendered by `chat`."""
+    labels: tuple[str, ...]  # by logit index; one label: a reranker
+    activation: str  # "Sigmoid", "Identity", ...
+    segments: bool  # the model takes token type ids: a pair's second text is its segment 1
+    logit_score: LogitScore | None = None
+    chat: ChatFormat | None = None
+
+    @property
+    def task(self) -> Task:
+        return Task.RERANK if len(self.labels) == 1 else Task.CLASSIFY
+
+    @property
+    def own_head(self) -> bool:
+        """Whether the model's own sequence-classification head gives the logits (no pooling)."""
+        return self.logit_score is None
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
+    hidden_size: int  # the transformer's output width
+    pooling: Pooling | None  # None when the folder does not say
+    max_seq_length: int | None
+    usable_positions: int | None  # None when the architecture has no absolute position table
+    head: tuple[HeadModule, ...] = ()
+    do_lower_case: bool = False  # the Transformer module lowercases text before tokenizing
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    scoring: Scoring | None = None  # a reranker's or classifier's head; None for an embedding model
+
+    @property
+    def task(self) -> Task:
+        return self.scoring.task if self.scoring else Task.EMBED
+
+    def served_with(self, pooling_setting: str) -> "ModelDescription":
+        """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved
+        against the model's own Pooling module (mean where it has none). A causal reranker's
+        score is read at the last token whatever the setting."""
+        if self.scoring and self.scoring.logit_score:
+            return self
+        pooling = self.pooling or Pooling(("mean",))
+        if pooling_setting != "auto":
+            pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)
+        return replace(self, pooling=pooling)
+
+    @property
+    def dimension(self) -> int:
+        """The served vector's width: the last Dense module's, else the pooled one; a scoring
+        model's logits per input."""
+        if self.scoring:
+            return len(self.scoring.labels)
+        widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
+        return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
+
+    @property
+    def modules(self) -> list[str]:
+        """The pipeline as applied, for reports and /info."""
+        if self.scoring and self.scoring.logit_score:
+            score = self.scoring.logit_score
+            versus = f" - logit[{score.false_token_id}]" if score.false_token_id is not None else ""
+            return ["Transformer(causal LM, chat template)", "Pooling(last_token)",
+                    f"LogitScore(logit[{score.true_token_id}]{versus})", self.scoring.activation]
+        if self.scoring:
+            return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
+        pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
+            if self.pooling else []
+        return ["Transformer", *pooling, *(describe_head_module(m) for m in self.head)]
+
+
+def describe_head_module(module: HeadModule) -> str:
+    if module.kind == "Dense":
+        activation = str(module.config.get("activation_function") or "Tanh").rsplit(".", 1)[-1]
+        residual = ", residual" if module.config.get("use_residual") else ""
+        return f"Dense({module.config['in_features']}->{module.config['out_features']}, {activation}{residual})"
+    if module.kind == "LayerNorm":
+        return f"LayerNorm({module.config['dimension']})"
+    return module.kind
