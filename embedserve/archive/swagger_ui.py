@@ -72,9 +72,20 @@ def _npm_pack(folder: Path) -> Path:
         raise AssetsError(f"npm pack {PACKAGE}@{VERSION} took over {NPM_TIMEOUT_S} s") from None
     path = folder / f"{PACKAGE}-{VERSION}.tgz"
     if result.returncode != 0 or not path.is_file():
-        detail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
-        raise AssetsError(f"npm pack {PACKAGE}@{VERSION} failed: {' '.join(detail) or f'exit {result.returncode}'}")
+        raise AssetsError(f"npm pack {PACKAGE}@{VERSION} failed: {_npm_error(result.stderr or result.stdout)}")
     return path
+
+
+def _npm_error(output: str) -> str:
+    """npm's error in a line: its code and message, without the stack trace and the log's path."""
+    lines = []
+    for line in output.splitlines():
+        line = line.removeprefix("npm error").strip()
+        if line.startswith(("at ", "A complete log")):
+            break
+        if line:
+            lines.append(line)
+    return "; ".join(lines[:4]) or "no output"
 
 
 def extract(archive: Path, folder: Path) -> int:

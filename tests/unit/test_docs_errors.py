@@ -8,7 +8,7 @@ from pathlib import Path
 
 from embedserve.handler.api import errors
 from embedserve.handler.api.errors import KINDS
-from embedserve.handler.routes import openapi
+from embedserve.handler.routes import schema
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -34,8 +34,8 @@ def _error_table() -> list[list[str]]:
 def _batch_only_kinds() -> set[errors.ErrorKind]:
     """Kinds no route raises for one request, only for a whole batch: those are always answered
     in OpenAI's shape, TEI routes included (service.failed, service.unavailable)."""
-    per_request = {*openapi.EMBED_ERRORS, *openapi.TOKENIZE_ERRORS, *openapi.DESCRIBE_ERRORS}
-    return set(openapi.BATCH_ERRORS) - per_request
+    per_request = {*schema.EMBED_ERRORS, *schema.TOKENIZE_ERRORS, *schema.DESCRIBE_ERRORS}
+    return set(schema.BATCH_ERRORS) - per_request
 
 
 def test_the_docs_error_table_is_errors_kinds():
@@ -68,7 +68,7 @@ def test_the_batch_failures_the_docs_name_are_the_batch_kinds():
     section = _section("api.md", "Errors")
     named = re.search(r"A failure of a whole batch \(([^)]*)\)", section)
     assert named, "docs/api.md's Errors section no longer says how a whole batch's failure is answered"
-    assert re.findall(r"`([a-z_]+)`", named.group(1)) == [kind.code for kind in openapi.BATCH_ERRORS]
+    assert re.findall(r"`([a-z_]+)`", named.group(1)) == [kind.code for kind in schema.BATCH_ERRORS]
 
 
 def test_requests_md_links_to_the_table_and_keeps_none_of_its_own():

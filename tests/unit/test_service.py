@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embedserve.handler.assembly import warm_up
-from embedserve.handler.model.inputs import ModelInput, plain_inputs
+from embedserve.handler.model.inputs import plain_inputs
 from embedserve.handler.api.exchange import RawRequest
 from tests.support.engines import TEXTS, float64_reference, make_engine
 from tests.support.faults import FaultInjection

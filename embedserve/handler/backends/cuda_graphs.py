@@ -57,8 +57,8 @@ Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # (tests/unit/backends/test_cuda_graphs.py measures padding's effect on CPU).
 REPLAY_TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 1.5e-2}
 
-# Set once a capture has failed in this process: see release_memory.
-_capture_failed = False
+# Set once a capture has failed in this process, for the rest of its life: see release_memory.
+capture_failed = False
 
 
 @dataclass(frozen=True, order=True)
@@ -278,11 +278,11 @@ def _warmed_up_within(graph: StaticGraph, max_bytes: int) -> bool:
 
 
 def _captured(graph: StaticPass, pool: object) -> bool:
-    global _capture_failed
+    global capture_failed
     try:
         graph.capture(pool)
     except Exception as err:  # whatever the cause: no graphs for this worker
-        _capture_failed = True
+        capture_failed = True
         log.warning("CUDA graphs: none for this worker: the capture of bucket %s failed (%s); every pass "
                     "runs eagerly", graph.bucket, _one_line(err))
         return False
@@ -381,7 +381,7 @@ def _side_stream(device: torch.device) -> Iterator[None]:
 def release_memory(device: torch.device) -> None:
     """Hand the allocator's cached blocks of `device` back to the driver; never after a capture
     has failed in this process (see step 2 above): then what is cached stays cached."""
-    if device.type == "cuda" and not _capture_failed:
+    if device.type == "cuda" and not capture_failed:
         torch.cuda.empty_cache()
 
 

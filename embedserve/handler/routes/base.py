@@ -29,6 +29,8 @@ class RouteSpec:
     tasks: frozenset[Task]  # the tasks whose models serve it; empty: every model (it describes the server)
     parse: Parse
     encode: Encode | None = None  # None: the service answers it itself (info, openapi.json, docs)
+    # The OpenAPI operations of its path ({"post": ...}), given the served model (routes/schema.py).
+    operations: Callable[[Any], dict[str, Any]] | None = None
 
 
 def parsing(route: Route, parse: Callable[..., Any]) -> Parse:
@@ -67,9 +69,10 @@ def embedding_request(route: Route, body: Any, content_type: str | None, method:
         raise
 
 
-def describing(route: Route) -> RouteSpec:
+def describing(route: Route, operations: Callable[[Any], dict[str, Any]] | None = None) -> RouteSpec:
     """A route that describes the server (any method, any body), answered by the service."""
-    return RouteSpec(route, frozenset(), lambda body, content_type, method: EmbeddingRequest(route))
+    return RouteSpec(route, frozenset(), lambda body, content_type, method: EmbeddingRequest(route),
+                     operations=operations)
 
 
 def error_body(err: RequestError, route: Route) -> tuple[int, bytes]:

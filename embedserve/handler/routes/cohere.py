@@ -17,6 +17,8 @@ from embedserve.handler.api.codec import dumps, json_object, option_value, requi
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, parsing
+from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
+                                              ref, scoring_option_schemas)
 from embedserve.handler.routes.tei import best_first
 from embedserve.handler.tasks.embed import IGNORED_FIELDS
 from embedserve.handler.tasks.score import Scores, ScoringRequest, parse_query, parse_texts, scoring_options
@@ -50,5 +52,42 @@ def encode_rerank(request: ScoringRequest, result: Scores, model_name: str) -> b
     })
 
 
-ROUTES = tuple(RouteSpec(route, frozenset({Task.RERANK}), parsing(route, partial(parse_rerank, route)), encode_rerank)
+def _operations(route: Route, model: ServedModel) -> dict[str, Any]:
+    example = {"query": "what is a cat", "documents": ["a small animal", "a car"], "top_n": 1}
+    return {"post": operation(
+        "rerankV2" if route is Route.RERANK_V2 else "rerankV1",
+        "Relevance of each document to the query, Cohere's and Jina's rerank, best first",
+        {"application/json": {"schema": ref("CohereRerankRequest"), "examples": examples({"documents": example})}},
+        {"schema": ref("CohereRerankAnswer")},
+        error_responses(EMBED_ERRORS, route, model.server, model=model, parse=ROUTES_BY[route].parse))}
+
+
+def schemas(model: ServedModel) -> dict[str, Any]:
+    if model.task is Task.EMBED:
+        return {}
+    common, many_ = scoring_option_schemas(model), many(model)
+    document = {"anyOf": [ref("Text"), {"type": "object", "required": ["text"], "properties": {"text": ref("Text")}}]}
+    return {
+        "CohereRerankRequest": {"type": "object", "required": ["query", "documents"], "properties": {
+            "query": ref("Text"), "documents": {**many_, "items": document},
+            "top_n": {"type": ["integer", "null"], "minimum": 1},
+            "return_documents": {"type": ["boolean", "null"]}, "model": {"type": ["string", "null"]},
+            "instruction": {"type": ["string", "null"], "maxLength": model.settings.max_input_chars,
+                            "description": "the task, as the chat template's system message; missing or null: the "
+                                           "model's default prompt, else its template's own"}
+            if model.instructed else {"type": "null", "description": "for causal LM rerankers; refused here"},
+            **common}},
+        "CohereRerankAnswer": {"type": "object", "required": ["results"], "properties": {
+            "id": {"type": "string"}, "model": {"type": "string"}, "meta": {"type": "object"},
+            "usage": {"type": "object"},
+            "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"],
+                                                   "properties": {"index": {"type": "integer", "minimum": 0},
+                                                                  "relevance_score": {"type": "number"},
+                                                                  "document": {"type": "object"}}}}}},
+    }
+
+
+ROUTES = tuple(RouteSpec(route, frozenset({Task.RERANK}), parsing(route, partial(parse_rerank, route)), encode_rerank,
+                         partial(_operations, route))
                for route in (Route.RERANK_V1, Route.RERANK_V2))
+ROUTES_BY = {spec.route: spec for spec in ROUTES}

@@ -11,9 +11,26 @@ from embedserve.handler.api.errors import too_large
 from embedserve.handler.api.quantize import OUTPUT_DTYPES
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import ModelDescription, Task
+from embedserve.handler.routes.schema import DESCRIBE_ERRORS, ServedModel, error_responses, operation, ref
 from embedserve.handler.tasks.embed import ENCODING_FORMATS, EmbeddingRequest, EmbedTask
 
 JSON = "application/json"
+
+
+def openapi_operations(model: ServedModel) -> dict[str, Any]:
+    return {"get": operation("openapi", "This document, with the model's real values; any method, any body", None,
+                             {"schema": ref("OpenAPIDocument")},
+                             error_responses(DESCRIBE_ERRORS, Route.OPENAPI, model.server))}
+
+
+def docs_operations(model: ServedModel) -> dict[str, Any]:
+    page = operation("docs", "This document as a browsable page (Swagger UI; its files under docs/); any method, "
+                             "any body", None, {"schema": {"type": "string"}},
+                     error_responses(DESCRIBE_ERRORS, Route.DOCS, model.server))
+    page["responses"]["200"]["content"] = {"text/html": {"schema": {"type": "string"}}}
+    page["responses"]["404"] = {"description": "an archive built without the page's files, or an unknown file name",
+                                "content": {"application/json": {"schema": ref("OpenAIError")}}}
+    return {"get": page}
 
 
 class Description:

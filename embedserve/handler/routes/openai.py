@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +18,10 @@ from embedserve.handler.api.codec import dumps
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, embedding_request
-from embedserve.handler.tasks.embed import EmbeddingRequest, Embeddings
+from embedserve.handler.routes.schema import (EMBED_ERRORS, EMBED_OPTIONS, OPTION_NOTES, ServedModel,
+                                              embedding_examples, error_responses, examples, list_example, operation,
+                                              options, ref)
+from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Embeddings
 
 
 def encode_list(request: EmbeddingRequest, result: Embeddings, model_name: str) -> bytes:
@@ -43,7 +47,41 @@ def encode_vector(row: np.ndarray, request: EmbeddingRequest) -> np.ndarray | st
     return np.ascontiguousarray(row)  # serialized by orjson straight from the array
 
 
-ROUTES = (
-    RouteSpec(Route.OPENAI, frozenset({Task.EMBED}),
-              partial(embedding_request, Route.OPENAI, allow_token_ids=True), encode_list),
-)
+PARSE = partial(embedding_request, Route.OPENAI, allow_token_ids=True)
+
+
+def _operations(model: ServedModel) -> dict[str, Any]:
+    return {"post": operation(
+        "createEmbedding", "Embeddings, OpenAI's embeddings API",
+        {"application/json": {"schema": ref("EmbeddingRequest"),
+                              "examples": examples(embedding_examples(model))}},
+        {"schema": ref("EmbeddingList"), "example": list_example(model)},
+        error_responses(EMBED_ERRORS, Route.OPENAI, model.server, model=model, parse=PARSE))}
+
+
+def schemas(model: ServedModel) -> dict[str, Any]:
+    """The request and the answer, shared with the native route."""
+    option = options(model)
+    ignored = {key: {"type": ["string", "null"], "description": OPTION_NOTES[key]} for key in IGNORED_FIELDS}
+    settings = model.settings
+    return {
+        "EmbeddingRequest": {
+            "type": "object", "required": ["input"],
+            "properties": {"input": ref("Input"), **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
+            "description": "other fields are accepted and ignored"},
+        "EmbeddingList": {
+            "type": "object", "required": ["object", "data", "model", "usage"],
+            "properties": {
+                "object": {"const": "list"},
+                "data": {"type": "array", "minItems": 1, "maxItems": settings.max_inputs_per_request, "items": {
+                    "type": "object", "required": ["object", "index", "embedding"],
+                    "properties": {"object": {"const": "embedding"}, "index": {"type": "integer", "minimum": 0},
+                                   "embedding": ref("Vector")}}},
+                "model": {"const": model.name},
+                "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
+                    "prompt_tokens": {"type": "integer", "minimum": 1}, "total_tokens": {"type": "integer",
+                                                                                         "minimum": 1}}}}},
+    }
+
+
+ROUTES = (RouteSpec(Route.OPENAI, frozenset({Task.EMBED}), PARSE, encode_list, _operations),)

@@ -7,9 +7,11 @@ from embedserve.handler.api.route import Route, split_path
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes import cohere, native, openai, tei
 from embedserve.handler.routes.base import RouteSpec, describing
+from embedserve.handler.routes.describe import docs_operations, openapi_operations
 
 ROUTES: dict[Route, RouteSpec] = {spec.route: spec for spec in (
-    *native.ROUTES, *openai.ROUTES, *tei.ROUTES, *cohere.ROUTES, describing(Route.OPENAPI), describing(Route.DOCS))}
+    *native.ROUTES, *openai.ROUTES, *tei.ROUTES, *cohere.ROUTES, describing(Route.OPENAPI, openapi_operations),
+    describing(Route.DOCS, docs_operations))}
 assert set(ROUTES) == set(Route), "every path has its family"
 
 

@@ -24,6 +24,9 @@ from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, describing, embedding_request, parsing
 from embedserve.handler.routes.openai import encode_vector
+from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMBED_OPTIONS, TOKENIZE_ERRORS,
+                                              TOKENIZE_OPTIONS, ServedModel, error_responses, examples, many, operation,
+                                              options, ref, scoring_option_schemas)
 from embedserve.handler.tasks.embed import (OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,
                                             parse_options)
 from embedserve.handler.tasks.score import Pair, Scores, ScoringRequest, parse_query, parse_texts, scoring_options
@@ -127,13 +130,123 @@ def encode_predict(request: ScoringRequest, result: Scores, model_name: str) -> 
     return dumps(per_input if request.batch else per_input[0])
 
 
+def _embed(model: ServedModel) -> dict[str, Any]:
+    example = {"inputs": ["hello", "world"], "truncate": True, "truncation_direction": "left"}
+    return {"post": operation(
+        "teiEmbed", "Embeddings, TEI's /embed: one vector a text",
+        {"application/json": {"schema": ref("TEIEmbedRequest"), "examples": examples({"texts": example})}},
+        {"schema": ref("TEIEmbeddings"), "example": [[0.0213, -0.0452, 0.0088]]},
+        error_responses(EMBED_ERRORS, Route.TEI_EMBED, model.server, model=model, parse=PARSE_EMBED))}
+
+
+def _similarity(model: ServedModel) -> dict[str, Any]:
+    example = {"inputs": {"source_sentence": "a cat", "sentences": ["a kitten", "a car"]}}
+    return {"post": operation(
+        "teiSimilarity", "Cosine of each sentence's embedding to the source sentence's, TEI's /similarity",
+        {"application/json": {"schema": ref("SimilarityRequest"), "examples": examples({"sentences": example})}},
+        {"schema": {"type": "array", "items": {"type": "number", "minimum": -1.0001, "maximum": 1.0001}},
+         "example": [0.77, 0.35]},
+        error_responses(EMBED_ERRORS, Route.TEI_SIMILARITY, model.server, model=model, parse=PARSE_SIMILARITY))}
+
+
+def _tokenize(model: ServedModel) -> dict[str, Any]:
+    example = [[{"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None},
+                {"id": 7592, "text": "hello", "special": False, "start": 0, "stop": 5}]]
+    return {"post": operation(
+        "teiTokenize", "Tokens of each text, TEI's /tokenize: ids, token texts, character offsets",
+        {"application/json": {"schema": ref("TokenizeRequest"),
+                              "examples": examples({"text": {"inputs": "hello world"}})}},
+        {"schema": ref("Tokens"), "example": example},
+        error_responses(TOKENIZE_ERRORS, Route.TEI_TOKENIZE, model.server, model=model, parse=PARSE_TOKENIZE))}
+
+
+def _info(model: ServedModel) -> dict[str, Any]:
+    def info(operation_id: str) -> dict[str, Any]:
+        return operation(operation_id, "The model, how it runs, and the limits (TEI's /info keys and more); any "
+                                       "method, any body", None, {"schema": ref("Info")},
+                         error_responses(DESCRIBE_ERRORS, Route.TEI_INFO, model.server))
+    return {"get": info("infoGet"), "post": info("infoPost")}
+
+
+def _predict(model: ServedModel) -> dict[str, Any]:
+    return {"post": operation(
+        "teiPredict", "Scores per label of a text or a (text, text) pair, TEI's /predict, best first",
+        {"application/json": {"schema": ref("PredictRequest"),
+                              "examples": examples({"pair": {"inputs": ["what is a cat", "a small animal"]}})}},
+        {"schema": ref("PredictAnswer")},
+        error_responses(EMBED_ERRORS, Route.TEI_PREDICT, model.server, model=model, parse=PARSE_PREDICT))}
+
+
+def _rerank(model: ServedModel) -> dict[str, Any]:
+    example = {"query": "what is a cat", "texts": ["a small animal", "a car"]}
+    return {"post": operation(
+        "teiRerank", "Relevance of each text to the query, TEI's /rerank, best first",
+        {"application/json": {"schema": ref("RerankRequest"), "examples": examples({"texts": example})}},
+        {"schema": ref("RerankAnswer")},
+        error_responses(EMBED_ERRORS, Route.TEI_RERANK, model.server, model=model, parse=PARSE_RERANK))}
+
+
+def schemas(model: ServedModel) -> dict[str, Any]:
+    settings, option, many_ = model.settings, options(model), many(model)
+    found = {
+        "TEIEmbedRequest": {
+            "type": "object", "required": ["inputs"],
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}}},
+        "SimilarityRequest": {
+            "type": "object", "required": ["inputs"],
+            "properties": {
+                "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
+                    "source_sentence": ref("Text"),
+                    "sentences": {**many_, "maxItems": settings.max_inputs_per_request - 1, "items": ref("Text")}}},
+                **{key: option[key] for key in EMBED_OPTIONS if key not in ("output_dtype", "encoding_format")},
+                **{key: {"enum": [OPTION_TYPES[key][1][0], None], "description": "only the default: the answer is "
+                                                                                 "cosines"}
+                   for key in ("output_dtype", "encoding_format")}}},
+        "TokenizeRequest": {
+            "type": "object", "required": ["inputs"],
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS}},
+            "description": "the embedding options are checked as on /embed, and have no effect here"},
+        "TEIEmbeddings": {"type": "array", "minItems": 1, "maxItems": settings.max_inputs_per_request,
+                          "items": ref("Vector")},
+        "Tokens": {"type": "array", "items": {"type": "array", "items": {
+            "type": "object", "required": ["id", "text", "special", "start", "stop"],
+            "properties": {"id": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
+                           "special": {"type": "boolean"}, "start": {"type": ["integer", "null"]},
+                           "stop": {"type": ["integer", "null"]}},
+            "description": "start, stop: character offsets in the text (null for special tokens)"}}},
+    }
+    if model.task is Task.EMBED:
+        return found
+    common = scoring_option_schemas(model)
+    pair = {"type": "array", "prefixItems": [ref("Text"), ref("Text")], "minItems": 2, "maxItems": 2}
+    label_score = {"type": "object", "required": ["score", "label"],
+                   "properties": {"score": {"type": "number"}, "label": {"enum": list(model.labels)}}}
+    return {
+        **found,
+        "PredictRequest": {"type": "object", "required": ["inputs"], "properties": {
+            "inputs": {"anyOf": [pair, {**many_, "items": pair}]} if model.instructed else
+            {"anyOf": [ref("Text"), pair, {**many_, "items": {"anyOf": [ref("Text"), pair]}}]},
+            **common}},
+        "PredictAnswer": {"anyOf": [{"type": "array", "items": label_score},
+                                    {"type": "array", "items": {"type": "array", "items": label_score}}]},
+        "RerankRequest": {"type": "object", "required": ["query", "texts"], "properties": {
+            "query": ref("Text"), "texts": {**many_, "items": ref("Text")},
+            "return_text": {"type": ["boolean", "null"]}, **common}},
+        "RerankAnswer": {"type": "array", "items": {"type": "object", "required": ["index", "score"], "properties": {
+            "index": {"type": "integer", "minimum": 0}, "score": {"type": "number"}, "text": {"type": "string"}}}},
+    }
+
+
+PARSE_EMBED = partial(embedding_request, Route.TEI_EMBED, allow_token_ids=False)
+PARSE_SIMILARITY = parsing(Route.TEI_SIMILARITY, parse_similarity)
+PARSE_TOKENIZE = partial(embedding_request, Route.TEI_TOKENIZE, allow_token_ids=False)
+PARSE_RERANK = parsing(Route.TEI_RERANK, parse_rerank)
+PARSE_PREDICT = parsing(Route.TEI_PREDICT, parse_predict)
 ROUTES = (
-    RouteSpec(Route.TEI_EMBED, frozenset({Task.EMBED}),
-              partial(embedding_request, Route.TEI_EMBED, allow_token_ids=False), encode_embeddings),
-    RouteSpec(Route.TEI_SIMILARITY, frozenset({Task.EMBED}), parsing(Route.TEI_SIMILARITY, parse_similarity),
-              encode_similarity),
-    RouteSpec(Route.TEI_TOKENIZE, frozenset(), partial(embedding_request, Route.TEI_TOKENIZE, allow_token_ids=False)),
-    describing(Route.TEI_INFO),
-    RouteSpec(Route.TEI_RERANK, frozenset({Task.RERANK}), parsing(Route.TEI_RERANK, parse_rerank), encode_rerank),
-    RouteSpec(Route.TEI_PREDICT, SCORE_TASKS, parsing(Route.TEI_PREDICT, parse_predict), encode_predict),
+    RouteSpec(Route.TEI_EMBED, frozenset({Task.EMBED}), PARSE_EMBED, encode_embeddings, _embed),
+    RouteSpec(Route.TEI_SIMILARITY, frozenset({Task.EMBED}), PARSE_SIMILARITY, encode_similarity, _similarity),
+    RouteSpec(Route.TEI_TOKENIZE, frozenset(), PARSE_TOKENIZE, operations=_tokenize),
+    describing(Route.TEI_INFO, _info),
+    RouteSpec(Route.TEI_RERANK, frozenset({Task.RERANK}), PARSE_RERANK, encode_rerank, _rerank),
+    RouteSpec(Route.TEI_PREDICT, SCORE_TASKS, PARSE_PREDICT, encode_predict, _predict),
 )

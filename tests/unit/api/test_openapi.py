@@ -12,7 +12,8 @@ from openapi_spec_validator import validate
 from embedserve.handler.api.errors import KINDS
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.routes.openapi import EMBED_OPTIONS, TOKENIZE_OPTIONS, ServedModel, limits, openapi_document
+from embedserve.handler.routes.openapi import openapi_document
+from embedserve.handler.routes.schema import EMBED_OPTIONS, TOKENIZE_OPTIONS, ServedModel, limits
 from embedserve.handler.routes.table import ROUTES
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, OPTION_TYPES
 from embedserve.handler.torchserve.profile import TORCHSERVE

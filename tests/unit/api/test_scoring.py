@@ -16,7 +16,7 @@ from embedserve.handler.api.errors import RequestError
 from embedserve.handler.assembly import assemble
 from embedserve.handler.model.description import LogitScore, ModelFilesError
 from embedserve.handler.model.files import describe_model
-from embedserve.handler.model.inputs import ModelInput, plain_inputs
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.settings import Settings
 from tests.support.wire import parse_request
@@ -295,7 +295,8 @@ def test_each_task_refuses_the_other_s_routes(rerankers, tiny_model_dir):
 def test_the_cache_keys_scores_by_the_pair_s_token_types(rerankers):
     svc = service(rerankers["bert"], cache_entries=64)
     cache = svc.cache
-    assert cache.key(ModelInput([1, 2, 3])) != cache.key(ModelInput([1, 2, 3], 0, 2)) != cache.key(ModelInput([1, 2, 3], 0, 1))
+    plain, pair_at_2, pair_at_1 = ModelInput([1, 2, 3]), ModelInput([1, 2, 3], 0, 2), ModelInput([1, 2, 3], 0, 1)
+    assert cache.key(plain) != cache.key(pair_at_2) != cache.key(pair_at_1)
     body = {"query": "hello", "texts": ["world", "cat"]}
     first, second = call(svc, "rerank", body), call(svc, "rerank", body)
     assert first == second and len(cache.memory) == 2

@@ -61,3 +61,12 @@ def test_without_npm_the_archive_goes_without_the_page_and_the_build_says_so(tmp
     line = stage_assets(tmp_path / "stage", tmp_path / "cache")
     assert line.startswith("warning: this archive has NO API page") and "npm is not installed" in line
     assert not (tmp_path / "stage" / ASSETS_FOLDER).exists()
+
+
+def test_with_the_registry_unreachable_the_build_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9/")  # nothing listens on the discard port
+    monkeypatch.setenv("npm_config_cache", str(tmp_path / "npm-cache"))  # nothing cached to fall back on
+    line = stage_assets(tmp_path / "stage", tmp_path / "cache")
+    assert line.startswith("warning: this archive has NO API page") and "ECONNREFUSED" in line
+    assert "python -m embedserve.archive.swagger_ui" in line
+    assert not (tmp_path / "stage" / ASSETS_FOLDER).exists() and not list((tmp_path / "cache").iterdir())

@@ -76,7 +76,8 @@ def test_padded_tokens_count_the_bucket_a_pass_replays_in(tiny_model_dir):
     with torch.inference_mode():
         embedded = replaying(encoder, runner_for(encoder, [Bucket(8, 64)])).embed(plain_inputs(ids))
     assert embedded.padded_tokens == embedded.passes * 8 * 64  # every pass computed the whole bucket
-    assert embedded.padded_tokens > encoder.embed(plain_inputs(ids)).padded_tokens  # eager computes only its own padding
+    # Eager computes only its own padding.
+    assert embedded.padded_tokens > encoder.embed(plain_inputs(ids)).padded_tokens
 
 
 def test_the_planner_fills_the_buckets(tiny_model_dir):
@@ -129,7 +130,8 @@ def _eight_buckets(tiny_model_dir):
     """An encoder, a batch's ids with their eager vectors, and eight buckets of 16 to 256 tokens."""
     engine = make_engine(tiny_model_dir, max_batch_tokens=256, max_batch_size=8)
     ids = engine.text.token_ids(TEXTS * 3)
-    return engine.encoder, ids, engine.encoder.embed(plain_inputs(ids)).vectors, ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
+    eager = engine.encoder.embed(plain_inputs(ids)).vectors
+    return engine.encoder, ids, eager, ladder([1, 2, 4, 8], [16, 32], max_tokens=10**6)
 
 
 def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
@@ -244,7 +246,7 @@ class CapturedOnCpuBuffers(StaticGraph):
 def test_an_invalidated_capture_drops_the_graphs_and_never_empties_the_cache(tiny_model_dir, caplog, monkeypatch):
     import embedserve.handler.backends.cuda_graphs as cuda_graphs
 
-    monkeypatch.setattr(cuda_graphs, "_capture_failed", False)  # process state this test changes
+    monkeypatch.setattr(cuda_graphs, "capture_failed", False)  # process state this test changes
     encoder = make_engine(tiny_model_dir).encoder
     device, allocator = torch.device("cuda:0"), Allocator()
     with fake_cuda(graph_type=InvalidatedGraph, allocator=allocator), torch.inference_mode(), \

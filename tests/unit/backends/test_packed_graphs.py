@@ -238,7 +238,7 @@ def test_the_memory_cap_drops_the_largest_sizes_and_captures_largest_first(model
 def test_a_failed_capture_leaves_every_pass_to_eager(models, caplog, monkeypatch):
     # As for padded graphs (embedserve/handler/backends/cuda_graphs.py): after a failed capture nothing more is
     # captured, and the graphs captured before it are dropped too.
-    monkeypatch.setattr("embedserve.handler.backends.cuda_graphs._capture_failed", False)  # process state this test changes
+    monkeypatch.setattr("embedserve.handler.backends.cuda_graphs.capture_failed", False)  # process state this test changes
     model = models["bert_dense"]
     passes = passes_for(model)
     FailingCapture.captured = []

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from embedserve.handler.model.inputs import ModelInput, plain_inputs
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.api.exchange import RawRequest
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, MIN_COSINE, TEXTS, min_cosine, st_on_ids

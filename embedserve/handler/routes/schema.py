@@ -1,0 +1,280 @@
+"""The pieces of the OpenAPI document every route family uses: the served model's facts, an
+operation with its error responses (each status in the route's own shape, with real error bodies
+made by the route's own parse), option schemas from the embed task's option table, and the
+schemas every route shares. Each family declares its own operations and schemas with these
+(routes/native.py, openai.py, tei.py, cohere.py); routes/openapi.py assembles the document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from embedserve.handler.api.codec import ALLOWED_METHOD
+from embedserve.handler.api.errors import (EMPTY, INTERNAL, KINDS, MALFORMED, METHOD_NOT_ALLOWED, OUT_OF_MEMORY,
+                                           OVERLOADED, TOO_LARGE, UNAVAILABLE, UNPROCESSABLE, ErrorKind, RequestError,
+                                           too_large)
+from embedserve.handler.api.route import Route
+from embedserve.handler.api.server import PLAIN, ServerProfile
+from embedserve.handler.model.description import Task
+from embedserve.handler.settings import Settings
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, Options
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the document says about one served model."""
+    name: str
+    version: str
+    dimension: int
+    max_length: int  # tokens per input
+    vocab_size: int
+    prompts: tuple[str, ...]  # prompt names
+    settings: Settings
+    max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
+    task: Task = Task.EMBED
+    labels: tuple[str, ...] = ()  # a scoring model's labels
+    instructed: bool = False  # a causal reranker: (query, document) pairs only, an instruction allowed
+    server: ServerProfile = PLAIN  # its paths, its key, its own answers
+
+
+def limits(model: ServedModel) -> dict[str, int]:
+    """Every limit a request meets, by the name its 413 message (or the option) uses."""
+    settings = model.settings
+    return {
+        "dimension": model.dimension,
+        "max_input_length": model.max_length,
+        "max_inputs_per_request": settings.max_inputs_per_request,
+        "max_input_chars": settings.max_input_chars,
+        "max_tokens_per_request": model.max_tokens_per_request,
+        "max_response_bytes": settings.max_response_bytes,
+    }
+
+
+# Error kinds each route answers in its own shape; the method check comes before the body is
+# read, so a 405 is always in the route's own shape.
+EMBED_ERRORS = (MALFORMED, EMPTY, UNPROCESSABLE, METHOD_NOT_ALLOWED, TOO_LARGE, INTERNAL, OVERLOADED, OUT_OF_MEMORY)
+TOKENIZE_ERRORS = (MALFORMED, EMPTY, UNPROCESSABLE, METHOD_NOT_ALLOWED, TOO_LARGE, INTERNAL)
+DESCRIBE_ERRORS = (INTERNAL,)
+BEFORE_BODY = (METHOD_NOT_ALLOWED,)
+# What fails a whole batch, in the OpenAI shape on every route (service.failed, service.unavailable).
+BATCH_ERRORS = (INTERNAL, UNAVAILABLE)
+
+OPTION_NOTES = {
+    "normalize": "L2-normalize the vectors (after `dimensions`)",
+    "truncate": "cut inputs over the max input length; false refuses them with 413",
+    "truncation_direction": "the side truncation cuts: `right` the end, `left` the start (any case)",
+    "prompt_name": "a prompt of the model, tokenized in front of each text and never cut",
+    "dimensions": "Matryoshka truncation to the first N dimensions (re-normalized when normalizing)",
+    "output_dtype": "float, or quantized codes: int8/uint8 (need normalized vectors), binary/ubinary (1 bit a "
+                    "dimension, packed 8 to a byte)",
+    "encoding_format": "JSON numbers, or base64: on the OpenAI route little-endian float32 bytes of the values "
+                       "whatever the dtype; on the native and TEI routes one byte a code for quantized dtypes",
+    "add_special_tokens": "list the model's special tokens too",
+    "model": "accepted and ignored: the URL names the model",
+    "user": "accepted and ignored",
+}
+EMBED_OPTIONS = tuple(key for key in OPTION_TYPES if key != "add_special_tokens")
+TOKENIZE_OPTIONS = ("add_special_tokens", "prompt_name")
+
+
+def operation(operation_id: str, summary: str, request: dict | None, answer: dict,
+               errors: dict[str, Any]) -> dict[str, Any]:
+    operation: dict[str, Any] = {"operationId": operation_id, "summary": summary}
+    if request is not None:
+        operation["requestBody"] = {"required": True, "content": request}
+    operation["responses"] = {
+        "200": {"description": "the answer", "headers": {"x-batch-size": header(
+            "how many requests the server batched with this one")},
+                "content": {"application/json": answer}},
+        **errors,
+    }
+    return operation
+
+
+def error_responses(kinds: tuple[ErrorKind, ...], route: Route, server: ServerProfile, *, also_tei: bool = False,
+                     model: ServedModel | None = None, parse: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Each status the route answers: when, and the bodies it comes with."""
+    answers: dict[int, tuple[list[str], list[str]]] = {}  # status -> (whens, schema names)
+
+    def add(status: int, when: str, schema: str | None) -> None:
+        whens, schemas = answers.setdefault(status, ([], []))
+        whens.append(when)
+        if schema and schema not in schemas:
+            schemas.append(schema)
+
+    for kind in kinds:
+        add(kind.tei_status if route.tei else kind.status, kind.meaning, "TEIError" if route.tei else "OpenAIError")
+        if also_tei and kind not in BEFORE_BODY:
+            add(kind.tei_status, f"{kind.meaning} (a TEI body: TEI's shape)", "TEIError")
+    for kind in BATCH_ERRORS:
+        add(kind.status, f"{kind.meaning} (the whole batch: OpenAI's shape)", "OpenAIError")
+    for own in server.answers:
+        add(own.status, own.when, own.schema)
+
+    examples = error_examples(route, model, parse) if model is not None and parse is not None else {}
+    responses = {}
+    for status in sorted(answers):
+        whens, schemas = answers[status]
+        response: dict[str, Any] = {"description": "; ".join(whens)}
+        if schemas:  # else an empty body
+            schema = ref(schemas[0]) if len(schemas) == 1 else {"anyOf": [ref(name) for name in schemas]}
+            content: dict[str, Any] = {"schema": schema}
+            if status in examples:
+                content["example"] = examples[status]
+            response["content"] = {"application/json": content}
+        if status in (429, 503):
+            response["headers"] = {"retry-after": header("seconds to wait before retrying")}
+        if status == METHOD_NOT_ALLOWED.status:
+            response["headers"] = {"allow": header(f"the method the route takes: {ALLOWED_METHOD}")}
+        responses[str(status)] = response
+    return responses
+
+
+def header(description: str) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string"}}
+
+
+def embedding_examples(model: ServedModel) -> dict[str, Any]:
+    examples = {
+        "texts": {"input": ["The quick brown fox", "jumps over the lazy dog"]},
+        "options": {"model": model.name, "input": "hello", "dimensions": min(64, model.dimension),
+                    "encoding_format": "base64", "output_dtype": "int8"},
+        "token ids": {"input": [[min(7592, model.vocab_size - 1), min(2088, model.vocab_size - 1)]]},
+    }
+    if model.prompts:
+        examples["prompt"] = {"input": "what is an embedding?", "prompt_name": model.prompts[0]}
+    return examples
+
+
+def examples(values: dict[str, Any]) -> dict[str, Any]:
+    return {name.replace(" ", "_"): {"summary": name, "value": value} for name, value in values.items()}
+
+
+def list_example(model: ServedModel) -> dict[str, Any]:
+    return {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0213, -0.0452, 0.0088]}],
+            "model": model.name, "usage": {"prompt_tokens": 4, "total_tokens": 4}}
+
+
+def error_examples(route: Route, model: ServedModel, parse: Callable[..., Any]) -> dict[int, Any]:
+    """Real error bodies, made by the codec from bad requests on this route."""
+    field = "inputs" if route.tei else "input"
+    bodies = [(b"", None, "GET"), (b'{"%s": ["hello", 5]}' % field.encode(), "application/json", "POST")]
+    examples = {}
+    for body, content_type, method in bodies:
+        try:
+            parse(body, content_type, method)
+        except RequestError as err:
+            examples[err.http_status] = err.body()
+    limit = model.settings.max_inputs_per_request
+    error = too_large(f"'{field}' has {limit + 1} inputs; the limit is max_inputs_per_request={limit}", param=field)
+    error.tei = route.tei
+    examples[error.http_status] = error.body()
+    return examples
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def openai_error() -> dict[str, Any]:
+    kinds = KINDS
+    return {
+        "type": "object", "required": ["error"], "additionalProperties": False,
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type", "param", "code"], "additionalProperties": False,
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"enum": sorted({kind.error_type for kind in kinds})},
+                "param": {"type": ["string", "null"], "description": "the field at fault: 'input[2]', 'dimensions'"},
+                "code": {"enum": [kind.code for kind in kinds]}}}},
+    }
+
+
+def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
+    kind, choices = OPTION_TYPES[key]
+    default = getattr(Options(), key)
+    if kind is bool:
+        schema: dict[str, Any] = {"type": ["boolean", "null"]}
+        if default is None:  # the server's setting
+            default = getattr(model.settings, key)
+    elif kind is int:
+        schema = {"type": ["integer", "null"], "minimum": 1}
+    elif key in CASE_INSENSITIVE:
+        schema = {"type": ["string", "null"], "pattern": "|".join(f"^{any_case(choice)}$" for choice in choices),
+                  "examples": list(choices)}
+    elif choices:
+        schema = {"enum": [*choices, None]}
+    else:
+        schema = {"type": ["string", "null"]}
+    if key == "dimensions":
+        schema["maximum"] = model.dimension
+        default = model.dimension
+    if key == "prompt_name":  # the default: the `prompt` setting, else the model's default prompt
+        schema = {"enum": [*model.prompts, None]}
+    schema["description"] = OPTION_NOTES[key] + "; missing or null: the default"
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+def any_case(word: str) -> str:
+    return "".join(f"[{char.upper()}{char.lower()}]" if char.isalpha() else char for char in word)
+
+
+def many(model: ServedModel, items: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A non-empty list of at most max_inputs_per_request items."""
+    return {"type": "array", "minItems": 1, "maxItems": model.settings.max_inputs_per_request,
+            **({"items": items} if items is not None else {})}
+
+
+def options(model: ServedModel) -> dict[str, Any]:
+    """The embed task's options, each with its schema."""
+    return {key: option_schema(key, model) for key in OPTION_TYPES}
+
+
+def common_schemas(model: ServedModel) -> dict[str, Any]:
+    """The schemas every family's operations refer to."""
+    settings, dimension, many_ = model.settings, model.dimension, many(model)
+    vector = {"anyOf": [
+        {"type": "array", "minItems": 1, "maxItems": dimension, "items": {"type": "number"}},
+        {"type": "string", "contentEncoding": "base64"},
+    ]}
+    return {
+        "Text": {"type": "string", "minLength": 1, "maxLength": settings.max_input_chars,
+                 "description": f"one text, at most max_input_chars={settings.max_input_chars} characters"},
+        "TokenIds": {"type": "array", "minItems": 1,
+                     "items": {"type": "integer", "minimum": 0, "maximum": model.vocab_size - 1},
+                     "description": "one pre-tokenized input: ids of the model's vocabulary, without special "
+                                    "tokens (they are added)"},
+        "Input": {"anyOf": [ref("Text"), ref("TokenIds"), {**many_, "items": {"anyOf": [ref("Text"),
+                                                                                         ref("TokenIds")]}}],
+                  "description": "a text, a list of texts, one list of token ids, or a list of such lists"},
+        "TEIInputs": {"anyOf": [ref("Text"), {**many_, "items": ref("Text")}]},
+        "Vector": {**vector, "description": "JSON numbers, or a base64 string (encoding_format)"},
+        "Info": {"type": "object", "required": ["model_id", "embedding_dimension", "max_input_length"],
+                 "properties": {
+                     "model_id": {"type": "string"},
+                     "served_model_name": {"const": model.name},
+                     "embedding_dimension": {"const": dimension},
+                     "max_input_length": {"const": model.max_length},
+                     "max_client_batch_size": {"const": settings.max_inputs_per_request},
+                     "max_input_chars": {"const": settings.max_input_chars},
+                     "max_tokens_per_request": {"type": "integer", "minimum": 1},
+                     "max_response_bytes": {"type": "integer", "minimum": 1},
+                     "output_dtypes": {"const": list(OPTION_TYPES["output_dtype"][1])},
+                     "encoding_formats": {"const": list(OPTION_TYPES["encoding_format"][1])}}},
+        "OpenAPIDocument": {"type": "object", "required": ["openapi", "info", "paths"]},
+        "OpenAIError": openai_error(),
+        "TEIError": {
+            "type": "object", "required": ["error", "error_type"], "additionalProperties": False,
+            "properties": {"error": {"type": "string"},
+                           "error_type": {"enum": sorted({kind.tei_type for kind in KINDS})}}},
+        **model.server.error_schemas,
+    }
+
+
+def scoring_option_schemas(model: ServedModel) -> dict[str, Any]:
+    """The options every scoring route takes."""
+    option = options(model)
+    return {"raw_scores": {"type": ["boolean", "null"], "description": "the logits, without the activation"},
+            "truncate": option["truncate"], "truncation_direction": option["truncation_direction"]}
