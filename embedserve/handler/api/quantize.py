@@ -9,7 +9,7 @@ of [-1, 1] for every dimension, which is exactly the range of a unit vector's co
     uint8 = clip(floor((x + 1) / (2 / 255)), 0, 255),  int8 = uint8 - 128
 So a vector's codes never depend on what else was in the batch. They need normalized vectors;
 with normalize off a vector is not unit length (even for a model whose pipeline ends in Normalize,
-which then is skipped), so int8/uint8 are refused there (api/prepare.py).
+which then is skipped), so int8/uint8 are refused there (tasks/embed.py).
 """
 
 from __future__ import annotations

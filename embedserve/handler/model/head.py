@@ -3,7 +3,7 @@ Linear, its activation, an optional residual), LayerNorm and Normalize, loaded f
 safetensors and run in float32 on the model's device, after pooling, as sentence-transformers
 runs them (LaBSE: CLS pooling, Dense with tanh, Normalize).
 
-A Normalize that ends the pipeline is left to the answer (api/output.py), which normalizes per
+A Normalize that ends the pipeline is left to the answer (tasks/embed.py), which normalizes per
 request: `"normalize": true` (the default) gives the pipeline's own unit vectors, `false` the
 vector before that last step, as TEI serves it. A Normalize with modules after it stays.
 
