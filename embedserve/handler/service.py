@@ -36,7 +36,6 @@ from embedserve.handler.worker.metrics import BatchReport
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class EmbeddingService:
     work: TaskSlice  # the model's task: what its requests ask of it

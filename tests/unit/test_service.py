@@ -164,6 +164,22 @@ def test_an_unexpected_failure_fails_only_its_request(tiny_model_dir, monkeypatc
 
 
 
+def test_a_bug_in_an_embedding_request_s_checks_fails_only_its_request(tiny_model_dir, monkeypatch):
+    engine = make_engine(tiny_model_dir)
+    prompt = engine.text.prompt
+
+    def broken(name):
+        if name == "query":
+            raise KeyError("a bug")
+        return prompt(name)
+
+    monkeypatch.setattr(engine.text, "prompt", broken)
+    responses = engine.handle([RawRequest(b'{"input": "x", "prompt_name": "query"}', "application/json", ""),
+                               RawRequest(b'{"input": "y"}', "application/json", "")])
+    assert [r.status for r in responses] == [500, 200]
+    assert json.loads(responses[0].body)["error"]["code"] == "internal_error"
+
+
 def test_warmup_measures_what_a_forward_pass_costs(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_batch_tokens=512)
     assert engine.info()["pass_overhead_tokens"] == 32  # the default until measured

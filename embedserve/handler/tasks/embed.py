@@ -219,6 +219,9 @@ class EmbedTask:
                 checked[index] = self._check(request)
             except RequestError as err:
                 outcomes[index] = err
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                outcomes[index] = internal_error()
         outcomes.update(self._tokenize(checked, budget))
         return dict(sorted(outcomes.items()))
 
