@@ -33,9 +33,6 @@ class TokenCounts:
         return {index: Embeddings(torch.tensor([[len(item)] for item in job.inputs], dtype=torch.float32).numpy(),
                                   job.tokens) for index, job in jobs.items()}
 
-    def max_answer_bytes(self, request, route, model_name):
-        return 64 * len(request.inputs)
-
 
 def test_a_new_slice_is_served_without_touching_the_service(tiny_engine):
     service = replace(tiny_engine, work=TokenCounts(tiny_engine.text))

@@ -58,9 +58,6 @@ class TaskSlice(Protocol):
         """Each request's result (what its route encodes), or its error; `outcomes` has no error
         and no unfit input left."""
 
-    def max_answer_bytes(self, request: Any, route: Any, model_name: str) -> int:
-        """An upper bound of the request's answer, before any work."""
-
 
 class RequestChecks:
     """The limits every request of every task meets, and the model facts its checks need."""

@@ -366,11 +366,6 @@ class EmbedTask:
                 results[index] = internal_error("the server failed to encode this answer; the failure is logged")
         return results
 
-    def max_answer_bytes(self, request: EmbeddingRequest, route: Route, model_name: str) -> int:
-        options = request.options
-        return max_answer_bytes(len(request.inputs), options.dimensions or self.checks.dimension,
-                                options.output_dtype, options.encoding_format, model_name, route)
-
     def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
         """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""
         self.check_limits(request)

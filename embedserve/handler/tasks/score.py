@@ -204,9 +204,6 @@ class ScoreTask:
             out = _activation(self.scoring.activation)(logits)
         return out.to(torch.float32).numpy()
 
-    def max_answer_bytes(self, request: ScoringRequest, route: Route, model_name: str) -> int:
-        return max_scoring_answer_bytes(request, len(self.labels))
-
 
 @lru_cache(maxsize=8)
 def _activation(name: str) -> torch.nn.Module:
