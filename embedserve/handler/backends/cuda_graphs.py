@@ -253,12 +253,12 @@ def _replay_failure(graphs: Iterable[StaticPass], random_pass: Callable[[StaticP
         replayed = []
         for _ in range(2):
             output, eager = random_pass(graph)
-            error = _relative_error(output, eager)
+            error = relative_error(output, eager)
             if not error <= tolerance:
                 return f"bucket {graph.bucket} replays a pass unlike the eager pass (error {error:.3g})"
             replayed.append(output)
         rows = min(len(output) for output in replayed)  # packed passes may differ in inputs
-        if _relative_error(replayed[0][:rows], replayed[1][:rows]) <= tolerance:
+        if relative_error(replayed[0][:rows], replayed[1][:rows]) <= tolerance:
             return f"bucket {graph.bucket} replays two distinct inputs to the same output"
     return None
 
@@ -351,7 +351,7 @@ def _random_pass(bucket: Bucket, vocab_size: int, pad_id: int, generator: torch.
     return ids.to(device), real.long().to(device)
 
 
-def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest distance between a row of `a` and the same row of `b`, relative to the latter's norm."""
     return float(((a - b).norm(dim=-1) / b.norm(dim=-1).clamp(min=1e-12)).max())
 

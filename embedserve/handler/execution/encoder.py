@@ -120,7 +120,7 @@ class Encoder:
                     continue
                 padded += self.backend.computed_tokens(prepared)
                 passes += 1
-        return Embedded(self._to_host(out), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
+        return Embedded(self.to_host(out), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
 
     def measure_speed(self) -> Speed:
@@ -133,7 +133,7 @@ class Encoder:
         return speed
 
     @staticmethod
-    def _to_host(vectors: torch.Tensor) -> torch.Tensor:
+    def to_host(vectors: torch.Tensor) -> torch.Tensor:
         """The batch's vectors on the CPU: on a GPU the one copy, and the one wait, of the batch."""
         if vectors.device.type == "cpu":
             return vectors

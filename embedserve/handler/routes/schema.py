@@ -14,6 +14,7 @@ from embedserve.handler.api.codec import ALLOWED_METHOD
 from embedserve.handler.api.errors import (EMPTY, INTERNAL, KINDS, MALFORMED, METHOD_NOT_ALLOWED, OUT_OF_MEMORY,
                                            OVERLOADED, TOO_LARGE, UNAVAILABLE, UNPROCESSABLE, ErrorKind, RequestError,
                                            too_large)
+from embedserve.handler.api.quantize import SCALAR_DTYPES
 from embedserve.handler.api.route import Route
 from embedserve.handler.api.server import PLAIN, ServerProfile
 from embedserve.handler.model.description import Task
@@ -278,3 +279,12 @@ def scoring_option_schemas(model: ServedModel) -> dict[str, Any]:
     option = options(model)
     return {"raw_scores": {"type": ["boolean", "null"], "description": "the logits, without the activation"},
             "truncate": option["truncate"], "truncation_direction": option["truncation_direction"]}
+
+
+def quantizing_needs_normalizing(model: ServedModel) -> dict[str, Any]:
+    """int8 and uint8 quantize unit vectors: refused with "normalize": false, and where the server
+    does not normalize by default, without "normalize": true (tasks/embed.py)."""
+    normalized = {"const": True} if not model.settings.normalize else {"not": {"const": False}}
+    return {"if": {"required": ["output_dtype"], "properties": {"output_dtype": {"enum": list(SCALAR_DTYPES)}}},
+            "then": {"properties": {"normalize": normalized},
+                     **({} if model.settings.normalize else {"required": ["normalize"]})}}

@@ -26,7 +26,7 @@ from embedserve.handler.routes.base import RouteSpec, describing, embedding_requ
 from embedserve.handler.routes.openai import encode_vector
 from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMBED_OPTIONS, TOKENIZE_ERRORS,
                                               TOKENIZE_OPTIONS, ServedModel, error_responses, examples, many, operation,
-                                              options, ref, scoring_option_schemas)
+                                              options, quantizing_needs_normalizing, ref, scoring_option_schemas)
 from embedserve.handler.tasks.embed import (OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,
                                             parse_options)
 from embedserve.handler.tasks.score import Pair, Scores, ScoringRequest, parse_query, parse_texts, scoring_options
@@ -191,7 +191,8 @@ def schemas(model: ServedModel) -> dict[str, Any]:
     found = {
         "TEIEmbedRequest": {
             "type": "object", "required": ["inputs"],
-            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}}},
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}},
+            **quantizing_needs_normalizing(model)},
         "SimilarityRequest": {
             "type": "object", "required": ["inputs"],
             "properties": {

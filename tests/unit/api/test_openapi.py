@@ -125,6 +125,8 @@ def test_error_schemas_list_every_kind(document):
     {"input": "hello"}, {"input": ["a", "b"]}, {"input": [1, 2]}, {"input": [[1], "x"]},
     {"input": "x", "dimensions": 32, "truncation_direction": "Left", "prompt_name": "query", "model": "m"},
     {"input": "x", "normalize": None, "output_dtype": None, "unknown": 5},
+    {"input": "x", "dimensions": 16.0, "output_dtype": "int8"},
+    {"input": "x", "normalize": False, "output_dtype": "binary"},
 ])
 def test_the_schema_accepts_what_the_service_accepts(engine, body):
     jsonschema.validate(body, schema_of(engine.openapi(), "EmbeddingRequest"))
@@ -138,6 +140,8 @@ def test_the_schema_accepts_what_the_service_accepts(engine, body):
     {"input": "x", "dimensions": 0}, {"input": "x", "dimensions": 33}, {"input": "x", "dimensions": 1.5},
     {"input": "x", "normalize": "yes"}, {"input": "x", "truncation_direction": "up"},
     {"input": "x", "output_dtype": "INT8"}, {"input": "x", "encoding_format": "hex"},
+    {"input": "x", "normalize": False, "output_dtype": "int8"},
+    {"input": "x", "normalize": False, "output_dtype": "uint8"},
     {"input": "x", "prompt_name": "passage"}, {"input": "x", "model": 5}, {"input": "x", "user": []},
 ])
 def test_the_schema_refuses_what_the_service_refuses(engine, body):

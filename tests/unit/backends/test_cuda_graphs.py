@@ -16,8 +16,8 @@ from unittest import mock
 import pytest
 import torch
 
-from embedserve.handler.backends.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, _relative_error, choose,
-                                 forward_synchronizes, ladder)
+from embedserve.handler.backends.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, choose,
+                                 forward_synchronizes, ladder, relative_error)
 from tests.support.engines import TEXTS, make_engine
 from tests.support.graphs import BYTES_PER_TOKEN, EagerReplay
 from tests.support.model_families import FAMILIES
@@ -326,9 +326,9 @@ def test_the_bfloat16_replay_tolerance_refuses_a_two_percent_error_and_passes_pa
     with torch.inference_mode():
         alone, padded = encoder.backend.pooled(ids, mask), encoder.backend.pooled(padded_ids, padded_mask)[:3]
     tolerance = REPLAY_TOLERANCE[torch.bfloat16]
-    assert _relative_error(padded, alone) <= tolerance
+    assert relative_error(padded, alone) <= tolerance
     strayed = alone + 0.02 * alone.norm(dim=-1, keepdim=True) * torch.nn.functional.normalize(torch.randn_like(alone), dim=-1)
-    assert _relative_error(strayed, alone) > tolerance
+    assert relative_error(strayed, alone) > tolerance
 
 
 class MaskIgnoringReplay(EagerStandIn):
@@ -458,9 +458,9 @@ def test_a_cuda_error_met_reading_the_batch_back_is_a_device_failure():
     vectors.device = torch.device("cuda", 0)
     vectors.cpu.side_effect = RuntimeError("CUDA error: an illegal memory access was encountered")
     with pytest.raises(DeviceFailure):
-        Encoder._to_host(vectors)
+        Encoder.to_host(vectors)
     vectors.cpu.side_effect = RuntimeError("something else")
     with pytest.raises(RuntimeError, match="something else"):
-        Encoder._to_host(vectors)
+        Encoder.to_host(vectors)
     on_cpu = torch.zeros(2, 3)
-    assert Encoder._to_host(on_cpu) is on_cpu
+    assert Encoder.to_host(on_cpu) is on_cpu
