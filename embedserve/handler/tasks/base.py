@@ -85,7 +85,8 @@ class RequestChecks:
         if answer > self.settings.max_response_bytes:
             raise too_large(f"'{request.field}' has {len(request.inputs)} inputs, whose answer could take {answer} "
                             f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
-                            f"per answer: {remedy}", param=request.field)
+                            f"per answer (the archive's, or the server's max_response_size where lower): {remedy}",
+                            param=request.field)
 
     def length(self, request: TaskRequest, index: int, full_length: int, truncate: bool, what: str = "") -> None:
         if not truncate and full_length > self.max_length:
