@@ -70,11 +70,12 @@ OPTION_NOTES = {
                     "dimension, packed 8 to a byte)",
     "encoding_format": "JSON numbers, or base64: on the OpenAI route little-endian float32 bytes of the values "
                        "whatever the dtype; on the native and TEI routes one byte a code for quantized dtypes",
-    "add_special_tokens": "list the model's special tokens too",
+    "add_special_tokens": "/tokenize: list the model's special tokens too (elsewhere checked, no effect)",
     "model": "accepted and ignored: the URL names the model",
     "user": "accepted and ignored",
 }
-EMBED_OPTIONS = tuple(key for key in OPTION_TYPES if key != "add_special_tokens")
+# add_special_tokens too: the embedding routes check it (a boolean) though only /tokenize uses it.
+EMBED_OPTIONS = tuple(OPTION_TYPES)
 TOKENIZE_OPTIONS = ("add_special_tokens", "prompt_name")
 
 
