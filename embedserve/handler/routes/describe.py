@@ -8,14 +8,12 @@ from typing import Any, Callable
 from embedserve.handler.api.codec import dumps
 from embedserve.handler.api.docs_page import assets_present, docs_answer
 from embedserve.handler.api.errors import too_large
+from embedserve.handler.api.exchange import JSON
 from embedserve.handler.api.quantize import OUTPUT_DTYPES
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.routes.schema import DESCRIBE_ERRORS, ServedModel, error_responses, operation, ref
 from embedserve.handler.tasks.embed import ENCODING_FORMATS, EmbeddingRequest, EmbedTask
-
-JSON = "application/json"
-
 
 def openapi_operations(model: ServedModel) -> dict[str, Any]:
     return {"get": operation("openapi", "This document, with the model's real values; any method, any body", None,
