@@ -38,6 +38,7 @@ from embedserve.archive.ts_config import read_properties, register_model, update
 from embedserve.handler.tasks.embed import max_answer_bytes
 from embedserve.handler.backends.onnx_runtime import ONNX_FILE
 from embedserve.handler.tasks.score import scoring_answer_bytes
+from embedserve.handler.tasks.sparse import sparse_answer_bytes
 from embedserve.handler.model.files import describe_model
 from embedserve.handler.settings import Settings
 
@@ -48,6 +49,7 @@ METRICS_FILE = "metrics.yaml"
 WORKERS_PER_GPU = 2  # a GPU worker's host work overlaps the other's passes (_default_workers)
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
 TS_DEFAULT_BODY_BYTES = 6_553_600  # TorchServe's max_request_size and max_response_size
+SPARSE_ENTRIES = 512  # the entries per input a sparse model's largest answer is sized for
 
 
 class BuildError(RuntimeError):
@@ -115,9 +117,14 @@ def build(args: argparse.Namespace) -> Path:
         description = describe_model(stage / "model").served_with(config["handler"]["pooling"])
         dimension = description.dimension
         scoring = description.scoring
-        if scoring and args.dtype == "int8":
-            raise BuildError(f"--dtype int8 is calibrated on embeddings; this model is a {scoring.task} model")
-        if serves_onnx(config["handler"]):
+        sparse = description.sparse
+        if (scoring or sparse) and args.dtype == "int8":
+            raise BuildError(f"--dtype int8 is calibrated on embeddings; this model is a {description.task} model")
+        if sparse:  # its pooling reads the masked-language head, which an export of the encoder leaves out
+            print(f"a sparse model ({sparse.name}, {sparse.vocabulary} vocabulary entries): the torch engine, no "
+                  "ONNX export; bfloat16 CPU engines: not checked for sparse models, CPU workers serve float32",
+                  file=sys.stderr)
+        elif serves_onnx(config["handler"]):
             # A causal reranker exports its transformer's states, as an embedding model: its score is a head after.
             outcome = export_onnx(stage / "model", description.usable_positions,
                                   scoring=bool(scoring and scoring.own_head),
@@ -125,12 +132,13 @@ def build(args: argparse.Namespace) -> Path:
             print(f"ONNX Runtime (the CPU engine): {outcome}", file=sys.stderr)
             if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
-        frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None)
+        frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None,
+                                   sparse=sparse is not None)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if scoring:
             print(f"a {scoring.task} model ({len(scoring.labels)} label(s), {scoring.activation}); bfloat16 CPU "
                   "engines: not checked for scoring models, CPU workers serve float32", file=sys.stderr)
-        else:
+        elif not sparse:  # a sparse model said why above
             check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
             from embedserve.archive.int8_calibration import calibrate, calibrate_onnx
@@ -178,17 +186,25 @@ def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> 
         print(line, file=sys.stderr)
 
 
-def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = False) -> dict[str, int]:
+def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = False,
+                    sparse: bool = False) -> dict[str, int]:
     """What TorchServe must let through for the handler's limits to hold end to end:
     - max_response_size: the largest answer, max_inputs_per_request vectors of the model's
       dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB); for a scoring model (its
       dimension: its labels), their scores, and at least TorchServe's 6.5 MB for the texts a
-      rerank answer may echo back (beyond it, 413 asks for them not to be);
+      rerank answer may echo back (beyond it, 413 asks for them not to be); for a sparse model,
+      SPARSE_ENTRIES entries an input (a trained SPLADE model keeps a few hundred: an answer over
+      the handler's bound is its 413, naming max_active_dims);
     - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
       digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
     settings = Settings.from_mapping(handler)
-    answer = max(TS_DEFAULT_BODY_BYTES, scoring_answer_bytes(settings.max_inputs_per_request, dimension)) if scoring \
-        else max_answer_bytes(settings.max_inputs_per_request, dimension, "float", "float", name)
+    inputs = settings.max_inputs_per_request
+    if scoring:
+        answer = max(TS_DEFAULT_BODY_BYTES, scoring_answer_bytes(inputs, dimension))
+    elif sparse:
+        answer = max(TS_DEFAULT_BODY_BYTES, sparse_answer_bytes(inputs * min(dimension, SPARSE_ENTRIES), inputs, name))
+    else:
+        answer = max_answer_bytes(inputs, dimension, "float", "float", name)
     return {
         "max_response_size": answer,
         "max_request_size": max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8

@@ -59,7 +59,7 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         f"prompts: {prompts}; default: {text_task.default_prompt!r}",
         f"max length: {text_task.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
-        f"dimension: {engine.encoder.dimension}" if engine.task is Task.EMBED else
+        f"dimension: {engine.encoder.dimension}" if engine.task in (Task.EMBED, Task.SPARSE) else
         f"task: {engine.task}, labels: {', '.join(engine.work.scoring.labels)}",
     ]
     if settings.pooling != "auto" or settings.prompt:
@@ -69,6 +69,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         import sentence_transformers  # noqa: F401  (optional: the test extras install it)
     except ImportError:
         return lines + ["sentence-transformers: not installed, not compared"]
+    if engine.task is Task.SPARSE:
+        return lines + [_compare_sparse(engine, model_dir)]
     if engine.task is not Task.EMBED:
         return lines + [_compare_scores(engine, model_dir)]
     return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
@@ -107,6 +109,35 @@ def _compare_scores(engine, model_dir: Path) -> str:
         raise SmokeError(f"the served scores differ from CrossEncoder.predict's by {worst:.1e} (> "
                          f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
     return line
+
+
+def _compare_sparse(engine, model_dir: Path) -> str:
+    """The served sparse vectors (TEI's /embed_sparse) against SparseEncoder.encode's, with each
+    of the model's prompts: the same non-zero token ids, weights within MAX_SCORE_DIFFERENCE."""
+    from sentence_transformers import SparseEncoder
+
+    try:
+        reference = SparseEncoder(str(model_dir), device="cpu", local_files_only=True)
+    except Exception as err:
+        return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
+    reference.max_seq_length = engine.text.max_length
+    worst, vectors = 0.0, 0
+    for name in [None, *engine.text.prompts]:
+        want = reference.encode(list(TEXTS), prompt_name=name, convert_to_tensor=True).to_dense().numpy()
+        answer = _answer(engine, {"inputs": list(TEXTS), **({"prompt_name": name} if name else {})}, "embed_sparse")
+        for row, expected in zip(answer, want):
+            ids = [entry["index"] for entry in row]
+            if ids != np.flatnonzero(expected).tolist():
+                raise SmokeError("the served sparse vectors have other non-zero token ids than SparseEncoder.encode's; "
+                                 "refusing to build a model that would be served wrong")
+            got = np.array([entry["value"] for entry in row])
+            worst = max(worst, float(np.abs(got - expected[ids]).max()) if ids else 0.0)
+            vectors += 1
+    if not worst <= MAX_SCORE_DIFFERENCE:
+        raise SmokeError(f"the served sparse weights differ from SparseEncoder.encode's by {worst:.1e} (> "
+                         f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
+    return f"sentence-transformers SparseEncoder: same token ids, max weight difference {worst:.1e} over {vectors} " \
+           "vectors"
 
 
 def _compare(engine, model_dir: Path, int8: bool) -> str:

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from embedserve.handler.api.server import PLAIN, ServerProfile
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.execution.calibration import Speed
-from embedserve.handler.execution.encoder import Encoder
+from embedserve.handler.execution.encoder import DenseRows, Encoder, SparseRows, finite_rows
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer
@@ -39,6 +39,7 @@ from embedserve.handler.settings import Settings
 from embedserve.handler.tasks.base import RequestChecks, TaskSlice
 from embedserve.handler.tasks.embed import EmbedTask
 from embedserve.handler.tasks.score import ScoreTask
+from embedserve.handler.tasks.sparse import SparseTask
 from embedserve.handler.worker.cpu_lending import CpuLending
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         # The longest input the tokenizer assembles: max_length, or the special tokens alone should they be more.
         max_length=max(max_length, len(tokenizer.prefix) + len(tokenizer.suffix)),
         scoring=model.scoring,
+        sparse=model.sparse,
     )
     encoder = _open_encoder(model_dir, settings, placement, parts)
     default_prompt = settings.prompt or model.prompts.get(model.default_prompt_name or "", "")
@@ -119,14 +121,18 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     dtype = f"int8:{runs['engine']}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
         else f"{placement.dtype}:{runs['engine']}"
     dtype += f":{runs['layout']}"
-    cache = open_cache(settings, model_name=model_name, dimension=encoder.dimension,
-                       identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
+    # A sparse model's rows are its non-zero entries, of any count: the cache keeps dense rows only.
+    cache = None if model.sparse else open_cache(
+        settings, model_name=model_name, dimension=encoder.dimension,
+        identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
     text = EmbedTask(checks, prompts=model.prompts, default_prompt=default_prompt,
                      include_prompt=encoder.pooling.include_prompt)
     work: TaskSlice = text
-    if model.task is not Task.EMBED:
+    if model.task is Task.SPARSE:
+        work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True)
+    elif model.task is not Task.EMBED:
         chat_pairs = ChatPairTokenizer(hf_tokenizer, scoring.chat) if hf_tokenizer is not None else None
         work = ScoreTask(checks, scoring, model.task, chat_pairs=chat_pairs, default_instruction=default_prompt)
     return Parts(model, encoder, text, work, cache)
@@ -141,13 +147,14 @@ def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placemen
     cost = PassCost(placement.max_batch_tokens, settings.max_batch_size, overhead, overhead)
     lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
     return Encoder(selection.backend, cost, selection.placement, dimension=selection.dimension, pooling=parts.pooling,
-                   pad_id=parts.pad_id, max_positions=parts.max_positions, lending=lending, reasons=selection.reasons)
+                   pad_id=parts.pad_id, max_positions=parts.max_positions, lending=lending, reasons=selection.reasons,
+                   rows=SparseRows if parts.sparse else DenseRows)
 
 
 def warm_up(encoder: Encoder, text: EmbedTask) -> Speed:
     """Embed once (a broken model fails here, not on a request), then measure the speed: the
     work bound's tokens per second and, unless set, what a forward pass costs the planner."""
-    if not torch.isfinite(encoder.embed(plain_inputs(text.checks.token_ids([WARMUP_TEXT]))).vectors).all():
+    if not all(finite_rows(encoder.embed(plain_inputs(text.checks.token_ids([WARMUP_TEXT]))).vectors)):
         raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
     speed = encoder.measure_speed()
     if not text.settings.pass_overhead_tokens:

@@ -24,7 +24,7 @@ from embedserve.handler.execution.isolated import embed_isolated
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import error_body
 from embedserve.handler.routes.describe import Description
-from embedserve.handler.routes.table import ROUTES, find, task_routes
+from embedserve.handler.routes.table import find, spec_for, task_routes
 from embedserve.handler.scheduling.admission import WorkBudget, admit, max_request_tokens
 from embedserve.handler.scheduling.cache import EmbeddingCache
 from embedserve.handler.settings import Settings
@@ -145,7 +145,7 @@ class EmbeddingService:
             route = done[index].request.route
             try:
                 bodies[index] = error_body(result, route) if isinstance(result, RequestError) else \
-                    (200, ROUTES[route].encode(done[index].request, result, self.model_name))
+                    (200, spec_for(route, self.task).encode(done[index].request, result, self.model_name))
             except Exception as err:  # a bug met by one answer must not fail its batch
                 log_failure(f"encoding the answer of request {index} of the batch", err)
                 bodies[index] = error_body(internal_error("the server failed to encode this answer; the failure "

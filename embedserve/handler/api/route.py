@@ -15,6 +15,7 @@ class Route(Enum):
     NATIVE = ""
     OPENAI = "v1/embeddings"
     TEI_EMBED = "embed"
+    TEI_EMBED_SPARSE = "embed_sparse"
     TEI_SIMILARITY = "similarity"
     TEI_TOKENIZE = "tokenize"
     TEI_INFO = "info"
@@ -31,7 +32,7 @@ class Route(Enum):
         return self in _TEI_ROUTES
 
 
-_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_SIMILARITY, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK,
+_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_EMBED_SPARSE, Route.TEI_SIMILARITY, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK,
                          Route.TEI_PREDICT))
 _BY_PATH = {route.value: route for route in Route}
 

@@ -27,6 +27,8 @@ from embedserve.handler.worker.transfer import to_device
 # (batch, labels) logits: a torch model (model/loading.py's TorchTransformer), an ONNX Runtime
 # session (backends/onnx_runtime.py) or an OpenVINO model (backends/openvino_runtime.py).
 Transformer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+# (batch, seq, hidden) states and the TokenRole mask -> (batch, dimension) float32.
+TokenPooling = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PaddedInputs(NamedTuple):
@@ -37,11 +39,12 @@ class PaddedInputs(NamedTuple):
 class PaddedBackend:
     """Passes as right-padded rectangles. `facts` says what runs them, for /info: the engine
     and the attention kernel. No `modes`: the transformer scores (one row of logits per input);
-    `segments`: it takes token type ids, a pair's second text being type 1."""
+    `segments`: it takes token type ids, a pair's second text being type 1. `token_pooling`: pools
+    the token states its own way instead of the modes and head (SPLADE, model/sparse.py)."""
 
     def __init__(self, transformer: Transformer, *, modes: Sequence[str], head: torch.nn.Module | None, pad_id: int,
                  pad_multiple: int, device: torch.device, facts: dict[str, Any], graphs: GraphRunner | None = None,
-                 segments: bool = False):
+                 segments: bool = False, token_pooling: TokenPooling | None = None):
         self.transformer = transformer
         self.modes = tuple(modes)
         self.head = head
@@ -51,19 +54,20 @@ class PaddedBackend:
         self.facts = dict(facts)
         self.graphs = graphs
         self.segments = segments
+        self.token_pooling = token_pooling
 
     def with_graphs(self, graphs: GraphRunner | None) -> "PaddedBackend":
         """The same backend, replaying `graphs` (captured on this one's `pooled`)."""
         return PaddedBackend(self.transformer, modes=self.modes, head=self.head, pad_id=self.pad_id,
                              pad_multiple=self.pad_multiple, device=self.device, facts=self.facts, graphs=graphs,
-                             segments=self.segments)
+                             segments=self.segments, token_pooling=self.token_pooling)
 
     def with_transformer(self, transformer: Transformer) -> "PaddedBackend":
         """The same layout, pooling and head around another transformer (a trial quantization),
         run eagerly: graphs recorded the old one."""
         return PaddedBackend(transformer, modes=self.modes, head=self.head, pad_id=self.pad_id,
                              pad_multiple=self.pad_multiple, device=self.device, facts=self.facts,
-                             segments=self.segments)
+                             segments=self.segments, token_pooling=self.token_pooling)
 
     def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
         replay = None if self.graphs is None else Replay(self.graphs.table, cost.replay_overhead_tokens)
@@ -99,6 +103,8 @@ class PaddedBackend:
         attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
         segments = (mask == TokenRole.SECOND).to(ids.dtype) if self.segments else None
         hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
+        if self.token_pooling is not None:
+            return self.token_pooling(hidden, mask)
         if not self.modes:
             return hidden.to(torch.float32)
         pooled = pool(hidden, mask, self.modes)  # (batch, hidden * modes)

@@ -40,13 +40,55 @@ log = logging.getLogger(__name__)
 LEND_MAX_TOKENS = 1024
 
 
+class DenseRows:
+    """A batch's pass outputs gathered on the device into one (items, dimension) float32 block,
+    read back once."""
+
+    def __init__(self, items: int, dimension: int, device: torch.device):
+        self.block = torch.zeros((items, dimension), dtype=torch.float32, device=device)
+
+    def put(self, indices: Sequence[int], rows: torch.Tensor) -> None:
+        # A copy on the device: a replayed graph's output buffer is overwritten by the next.
+        self.block[to_device(np.asarray(indices, dtype=np.int64), self.block.device)] = rows
+
+    def result(self) -> torch.Tensor:
+        return Encoder.to_host(self.block)
+
+
+class SparseRows:
+    """A batch's vocabulary-wide rows (SPLADE) kept as their non-zero entries only, pass by pass:
+    a (2, entries) float32 array per item, token ids (ascending) over weights. Ids are below 2**24,
+    exact in float32. An item that did not fit keeps no entry."""
+
+    def __init__(self, items: int, dimension: int, device: torch.device):
+        self.rows = [np.zeros((2, 0), dtype=np.float32)] * items
+
+    def put(self, indices: Sequence[int], rows: torch.Tensor) -> None:
+        where = rows.nonzero()  # (entries, 2): row, id; row-major, so ids ascend within a row
+        entries = torch.stack((where[:, 1].to(torch.float32), rows[where[:, 0], where[:, 1]]))
+        counts = torch.bincount(where[:, 0], minlength=rows.shape[0])
+        host = Encoder.to_host(entries).numpy()  # one read back a pass, of its entries only
+        for index, part in zip(indices, np.split(host, np.cumsum(Encoder.to_host(counts).numpy())[:-1], axis=1)):
+            self.rows[index] = part
+
+    def result(self) -> list[np.ndarray]:
+        return self.rows
+
+
 @dataclass(frozen=True)
 class Embedded:
-    vectors: torch.Tensor  # (items, dimension) float32, in input order
+    vectors: torch.Tensor | list[np.ndarray]  # (items, dimension) float32 in input order; SparseRows' rows
     real_tokens: int
     padded_tokens: int  # what the forward passes computed; real / padded is the padding efficiency
     passes: int
     too_large: frozenset[int] = frozenset()  # items that ran out of memory alone (their rows are zeros)
+
+
+def finite_rows(vectors: torch.Tensor | list[np.ndarray]) -> list[bool]:
+    """Whether each item's output is finite, whichever way the batch keeps its rows."""
+    if isinstance(vectors, torch.Tensor):
+        return torch.isfinite(vectors).all(dim=1).tolist()
+    return [bool(np.isfinite(row).all()) for row in vectors]
 
 
 class Encoder:
@@ -55,7 +97,7 @@ class Encoder:
 
     def __init__(self, backend: Backend, cost: PassCost, placement: Placement, *, dimension: int, pooling: Pooling,
                  pad_id: int, max_positions: int | None = None, lending: CpuLending | None = None,
-                 reasons: dict[str, Any] | None = None):
+                 reasons: dict[str, Any] | None = None, rows: type[DenseRows] | type[SparseRows] = DenseRows):
         self.backend = backend
         self.cost = cost
         self.placement = placement
@@ -66,6 +108,7 @@ class Encoder:
         self.lending = lending
         self.lend_min_tokens = 0  # padded tokens a pass needs to borrow CPUs (measure_speed sets it)
         self.reasons = dict(reasons or {})
+        self.rows = rows  # how a batch's outputs are kept: dense, or a sparse model's non-zero entries
 
     def with_backend(self, backend: Backend, *, placement: Placement | None = None, lending: CpuLending | None = None,
                      cost: PassCost | None = None) -> "Encoder":
@@ -73,7 +116,7 @@ class Encoder:
         its placement, lending and prices unless others are given."""
         return Encoder(backend, cost or self.cost, placement or self.placement, dimension=self.dimension,
                        pooling=self.pooling, pad_id=self.pad_id, max_positions=self.max_positions,
-                       lending=lending or self.lending, reasons=self.reasons)
+                       lending=lending or self.lending, reasons=self.reasons, rows=self.rows)
 
     @property
     def pass_overhead_tokens(self) -> int:
@@ -90,10 +133,10 @@ class Encoder:
 
     def embed(self, inputs: Sequence[ModelInput]) -> Embedded:
         """Model inputs (model/inputs.py) -> (items, dimension) float32 pooled vectors on the CPU,
-        in input order (a scoring model's logits)."""
+        in input order (a scoring model's logits; a sparse model's non-zero entries)."""
         lengths = [len(item) for item in inputs]
         device = self.backend.device
-        out = torch.zeros((len(inputs), self.dimension), dtype=torch.float32, device=device)
+        out = self.rows(len(inputs), self.dimension, device)
         pending = self.backend.plan(lengths, self.cost)
         padded = passes = 0
         too_large: set[int] = set()
@@ -103,8 +146,7 @@ class Encoder:
                 prepared = self.backend.prepare([inputs[i] for i in indices])
                 try:
                     with self._cpus_for_pass(prepared.ids):
-                        # A copy on the device: a replayed graph's output buffer is overwritten by the next.
-                        out[to_device(np.asarray(indices, dtype=np.int64), device)] = self.backend.run(prepared)
+                        out.put(indices, self.backend.run(prepared))
                 except Exception as err:
                     if not is_out_of_memory(err):
                         raise_classified(err)
@@ -120,7 +162,7 @@ class Encoder:
                     continue
                 padded += self.backend.computed_tokens(prepared)
                 passes += 1
-        return Embedded(self.to_host(out), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
+        return Embedded(out.result(), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large))
 
     def measure_speed(self) -> Speed:

@@ -13,7 +13,7 @@ import torch
 
 from embedserve.handler.api.errors import internal_error
 from embedserve.handler.execution.device_errors import DeviceFailure
-from embedserve.handler.execution.encoder import Encoder
+from embedserve.handler.execution.encoder import Encoder, finite_rows
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.scheduling.cache import EmbeddingCache, embed_cached
 from embedserve.handler.scheduling.planner import flatten
@@ -42,7 +42,7 @@ def embed_isolated(encoder: Encoder, cache: EmbeddingCache | None, jobs: list[tu
         [(index, job)] = jobs
         log_failure(f"embedding request {index} of the batch", err)
         return {index: internal_error("the server failed to embed this request; the failure is logged")}
-    finite = torch.isfinite(vectors).all(dim=1).tolist()
+    finite = finite_rows(vectors)
     outcomes: dict[int, Outcome] = {}
     for (index, job), span in zip(jobs, spans):
         own_unfit = frozenset(i - span.start for i in unfit if span.start <= i < span.stop)
@@ -57,8 +57,9 @@ def embed_isolated(encoder: Encoder, cache: EmbeddingCache | None, jobs: list[tu
     return outcomes
 
 
-def _embed(encoder: Encoder, inputs: list[ModelInput], report: BatchReport) -> tuple[torch.Tensor, frozenset[int]]:
-    """Vectors (a scoring model's logits) in input order, and the inputs that did not fit in
+def _embed(encoder: Encoder, inputs: list[ModelInput], report: BatchReport
+           ) -> tuple[torch.Tensor | list, frozenset[int]]:
+    """Vectors (a scoring model's logits; a sparse model's entries) in input order, and the inputs that did not fit in
     memory even alone."""
     embedded = encoder.embed(inputs)
     report.forward_passes += embedded.passes

@@ -39,8 +39,9 @@ from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
     time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.description import HeadModule, Pooling, Scoring
+from embedserve.handler.model.description import HeadModule, Pooling, Scoring, SparsePooling
 from embedserve.handler.model.head import load_head, logit_score_head
+from embedserve.handler.model.sparse import SpladePooler, masked_lm_parts
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model
 from embedserve.handler.model.packed_forward import VARLEN_FLASH, PackedTransformer, packed_support
@@ -64,6 +65,7 @@ class ModelParts:
     max_positions: int | None  # tokens per input the position embeddings allow; None for rotary models
     max_length: int  # the longest input the engine ever passes, special tokens included
     scoring: Scoring | None = None  # a reranker's or classifier's head: logits, no pooling
+    sparse: SparsePooling | None = None  # a SPLADE model's pooling of its vocabulary logits
 
 
 @dataclass
@@ -139,8 +141,14 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     reasons: dict[str, Any] = {}
     scoring = parts.scoring
     own_head = bool(scoring and scoring.own_head)
+    sparse = parts.sparse
+    if sparse and engine != "torch":
+        raise ValueError(f"handler setting 'engine': a sparse (SPLADE) model runs on the torch engine, not {engine}: "
+                         "its pooling reads the masked-language model's head, which the ONNX export leaves out")
     if own_head:  # the model's own head gives the logits: no pooling, no sentence-transformers head
         head, dimension, modes = None, len(scoring.labels), ()
+    elif sparse:  # the masked-language model's head and SPLADE pooling, built with the model below
+        head, dimension, modes = None, sparse.vocabulary, ()
     else:
         modes = parts.pooling.modes
         if scoring:  # a causal reranker: its LogitScore over the last token's state (its pooling)
@@ -163,17 +171,22 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     else:
         model = load_model(model_dir, device=placement.device, dtype=placement.dtype,
                            int8_fp32_layers=placement.int8_fp32_layers, compile=placement.compile,
-                           scoring=own_head)
+                           scoring=own_head, masked_lm=sparse is not None)
+        if sparse:
+            model, mlm_head = masked_lm_parts(model)
+            padded_parts["token_pooling"] = SpladePooler(mlm_head, sparse)
         torch_transformer = TorchTransformer(model)
         padded = PaddedBackend(torch_transformer, facts={"engine": engine, "attention": torch_transformer.attention},
                                **padded_parts)
-        if placement.packed and own_head:
-            backend, reasons["layout"] = padded, "padded: packed passes pool token states; a scoring model's head " \
-                                                 "reads its own"
+        if placement.packed and (own_head or sparse):
+            backend, reasons["layout"] = padded, "padded: packed passes pool token states with the Pooling modes; " \
+                                                 "this model's head reads its own"
         else:
             backend, reasons["layout"] = _layout(padded, torch_transformer.model, placement, parts, head) \
                 if placement.packed else (padded, "padded: the default")
-        if placement.cuda_graphs:
+        if placement.cuda_graphs and sparse:
+            reasons["cuda_graphs"] = "none: a sparse model's passes run eagerly (vocabulary-wide outputs per bucket)"
+        elif placement.cuda_graphs:
             with torch.inference_mode():
                 backend, reasons["cuda_graphs"] = with_graphs(backend, torch_transformer.model, placement, parts)
     return Selection(backend, dimension, placement, reasons)

@@ -37,11 +37,12 @@ SENTENCE_EMBEDDING = "sentence_embedding"
 
 class Task(StrEnum):
     """What a model serves, decided once from its folder (ModelDescription.task): vectors, a
-    relevance score per (query, document) pair, or a score per label. Each task has its slice
+    relevance score per (query, document) pair, a score per label, or sparse lexical vectors. Each task has its slice
     (embedserve/handler/tasks/)."""
     EMBED = "embed"
     RERANK = "rerank"
     CLASSIFY = "classify"
+    SPARSE = "sparse"  # a weight per vocabulary token (SPLADE)
 
 
 class ModelFilesError(ValueError):
@@ -106,6 +107,24 @@ class Scoring:
         return self.logit_score is None
 
 
+SPARSE_STRATEGIES = ("max", "sum")
+SPARSE_ACTIVATIONS = ("relu", "log1p_relu")
+
+
+@dataclass(frozen=True)
+class SparsePooling:
+    """SPLADE (sentence-transformers' SpladePooling after a masked-language model): each token's
+    logit per vocabulary entry through log(1 + relu(x)) (log1p_relu: log1p once more), pooled over
+    the input's tokens by max or sum: one weight per vocabulary entry, most of them zero."""
+    strategy: str  # one of SPARSE_STRATEGIES
+    activation: str  # one of SPARSE_ACTIVATIONS
+    vocabulary: int  # the vector's width: the masked-language model's vocabulary
+
+    @property
+    def name(self) -> str:
+        return f"SpladePooling({self.strategy}, {self.activation})"
+
+
 @dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
@@ -118,17 +137,23 @@ class ModelDescription:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     scoring: Scoring | None = None  # a reranker's or classifier's head; None for an embedding model
+    sparse: SparsePooling | None = None  # a SPLADE model's pooling; None for a dense one
 
     @property
     def task(self) -> Task:
+        if self.sparse:
+            return Task.SPARSE
         return self.scoring.task if self.scoring else Task.EMBED
 
     def served_with(self, pooling_setting: str) -> "ModelDescription":
         """The description as served: the handler's `pooling` setting ("auto" or a mode) resolved
         against the model's own Pooling module (mean where it has none). A causal reranker's
-        score is read at the last token whatever the setting."""
+        score is read at the last token whatever the setting; a sparse model pools its own way,
+        over every token (named as its pooling, for /info)."""
         if self.scoring and self.scoring.logit_score:
             return self
+        if self.sparse:
+            return replace(self, pooling=Pooling((self.sparse.name,)))
         pooling = self.pooling or Pooling(("mean",))
         if pooling_setting != "auto":
             pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)
@@ -140,6 +165,8 @@ class ModelDescription:
         model's logits per input."""
         if self.scoring:
             return len(self.scoring.labels)
+        if self.sparse:
+            return self.sparse.vocabulary
         widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
         return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
 
@@ -153,6 +180,8 @@ class ModelDescription:
                     f"LogitScore(logit[{score.true_token_id}]{versus})", self.scoring.activation]
         if self.scoring:
             return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
+        if self.sparse:
+            return ["Transformer(masked LM)", self.sparse.name]
         pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
             if self.pooling else []
         return ["Transformer", *pooling, *(describe_head_module(m) for m in self.head)]

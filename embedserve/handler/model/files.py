@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES, POOLING_FLAGS, POOLING_MODES,
-                                                  ChatFormat, HeadModule, LogitScore, ModelDescription,
-                                                  ModelFilesError, Pooling, Scoring)
+                                                  SPARSE_ACTIVATIONS, SPARSE_STRATEGIES, ChatFormat, HeadModule,
+                                                  LogitScore, ModelDescription, ModelFilesError, Pooling, Scoring,
+                                                  SparsePooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 
 _MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
@@ -52,7 +53,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     if not isinstance(config.get("hidden_size"), int):
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
     scoring = _read_scoring(model_dir, config)
-    pooling, head = (None, ()) if scoring else _read_pipeline(model_dir)
+    sparse = None if scoring else _read_sparse(model_dir, config)
+    pooling, head = (None, ()) if scoring or sparse else _read_pipeline(model_dir)
     if scoring and scoring.logit_score:  # the score is read at the last token
         pooling = Pooling(("last_token",))
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
@@ -69,6 +71,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         prompts=prompts,
         default_prompt_name=default_prompt_name,
         scoring=scoring,
+        sparse=sparse,
     )
 
 
@@ -158,6 +161,42 @@ def _read_causal_reranker(model_dir: Path, config: dict[str, Any], modules: list
     activation = _activation(model_dir, config, st_config, 1)
     return Scoring(("LABEL_0",), activation, segments=False, logit_score=LogitScore(true_id, false_id),
                    chat=_read_chat_format(model_dir))
+
+
+# The modules of sentence-transformers' SparseEncoder pipelines.
+_SPARSE_MODULES = ("MLMTransformer", "SpladePooling", "SparseStaticEmbedding", "Router", "SparseAutoEncoder")
+
+
+def _read_sparse(model_dir: Path, config: dict[str, Any]) -> SparsePooling | None:
+    """A SPLADE model's pooling (a SparseEncoder of a masked-language model and SpladePooling),
+    or None for a dense model. Other sparse pipelines are refused by name."""
+    modules_file = model_dir / "modules.json"
+    modules = sorted(_read_json(modules_file), key=lambda m: int(m.get("idx", 0))) if modules_file.is_file() else []
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    if not set(kinds) & set(_SPARSE_MODULES):
+        return None
+    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
+        model_dir / "sentence_bert_config.json").is_file() else {}
+    masked_lm = kinds[:1] == ["MLMTransformer"] or (kinds[:1] == ["Transformer"] and not modules[0].get("path")
+                                                    and transformer.get("transformer_task") == "fill-mask")
+    if not masked_lm or kinds[1:] != ["SpladePooling"]:
+        raise ModelFilesError(f"{modules_file}: a sparse encoder with modules {kinds}; supported: a masked-language "
+                              "model Transformer (fill-mask) then SpladePooling (SPLADE)")
+    architecture = str((config.get("architectures") or ["?"])[0])
+    if not architecture.endswith("ForMaskedLM"):
+        raise ModelFilesError(f"{model_dir}: SpladePooling reads a masked-language model's logits; this model is "
+                              f"{architecture}")
+    folder = model_dir / str(modules[1].get("path") or "")
+    pooling = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    strategy = pooling.get("pooling_strategy", "max")
+    activation = pooling.get("activation_function", "relu")
+    if strategy not in SPARSE_STRATEGIES or activation not in SPARSE_ACTIVATIONS:
+        raise ModelFilesError(f"{folder / 'config.json'}: pooling_strategy {strategy!r} and activation_function "
+                              f"{activation!r}; supported: {', '.join(SPARSE_STRATEGIES)} and "
+                              f"{', '.join(SPARSE_ACTIVATIONS)}")
+    if not isinstance(config.get("vocab_size"), int):
+        raise ModelFilesError(f"{model_dir / 'config.json'} has no integer vocab_size")
+    return SparsePooling(strategy, activation, config["vocab_size"])
 
 
 # What sentence-transformers 6 does with a Transformer's processing_kwargs that this server

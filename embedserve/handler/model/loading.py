@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from transformers import AutoModel, AutoModelForSequenceClassification
+from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 from transformers.utils import logging as transformers_logging
 
 from embedserve.handler.model.attention_mask import mask_builder
@@ -27,12 +27,13 @@ transformers_logging.disable_progress_bar()
 
 def load_model(model_dir: Path, *, device: torch.device, dtype: torch.dtype,
                int8_fp32_layers: Sequence[str] | None = None, compile: bool = False,
-               scoring: bool = False) -> torch.nn.Module:
+               scoring: bool = False, masked_lm: bool = False) -> torch.nn.Module:
     """The model on `device` in `dtype`; with `int8_fp32_layers` (CPU), its Linear layers but
     those quantized to int8; with `compile`, wrapped in torch.compile. `scoring`: the model
-    with its sequence-classification head (a reranker's or classifier's logits)."""
+    with its sequence-classification head (a reranker's or classifier's logits); `masked_lm`: with
+    its masked-language-model head (SPLADE's vocabulary logits)."""
     kwargs = dict(dtype=dtype, use_safetensors=True)
-    auto = AutoModelForSequenceClassification if scoring else AutoModel
+    auto = AutoModelForSequenceClassification if scoring else AutoModelForMaskedLM if masked_lm else AutoModel
     try:
         model = auto.from_pretrained(model_dir, attn_implementation="sdpa", **kwargs)
     except (ValueError, ImportError) as err:  # architectures without SDPA support

@@ -11,12 +11,12 @@ from typing import Any
 
 from embedserve.handler.api.route import Route
 from embedserve.handler.api.server import ServerProfile
-from embedserve.handler.routes import cohere, openai, tei
+from embedserve.handler.routes import cohere, openai, sparse, tei
 from embedserve.handler.routes.schema import ServedModel, common_schemas, limits
-from embedserve.handler.routes.table import ROUTES
+from embedserve.handler.routes.table import spec_for
 
 # The families that declare schemas (the native route's are OpenAI's and TEI's).
-FAMILIES = (openai, tei, cohere)
+FAMILIES = (openai, tei, cohere, sparse)
 
 
 def service_document(service: Any, server: ServerProfile, version: str) -> dict[str, Any]:
@@ -34,8 +34,9 @@ def paths(model: ServedModel) -> dict[str, Any]:
     """Each route the model serves (its task's, and those every model answers) at its URL."""
     server = model.server
     base, versioned = server.model_url(model.name), server.versioned_url(model.name, model.version)
+    served = {route: spec for route in Route if (spec := spec_for(route, model.task)) is not None}
     return {base if route is Route.NATIVE else f"{versioned}/{route.value}": spec.operations(model)
-            for route, spec in ROUTES.items() if not spec.tasks or model.task in spec.tasks}
+            for route, spec in served.items()}
 
 
 def openapi_document(model: ServedModel) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.openapi import openapi_document
 from embedserve.handler.routes.schema import EMBED_OPTIONS, TOKENIZE_OPTIONS, ServedModel, limits
-from embedserve.handler.routes.table import ROUTES
+from embedserve.handler.routes.table import spec_for
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, OPTION_TYPES
 from embedserve.handler.torchserve.profile import TORCHSERVE
 from embedserve.handler.api.exchange import RawRequest
@@ -55,8 +55,8 @@ def test_every_route_has_its_path_with_the_model_s_name_and_version(document):
     paths = document["paths"]
     assert set(paths["/predictions/tiny"]) == {"post"}
     for route in Route:
-        scoring = Task.EMBED not in ROUTES[route].tasks and ROUTES[route].tasks
-        if route is not Route.NATIVE and not scoring:  # a reranker's routes are in its own document
+        spec = spec_for(route, Task.EMBED)
+        if route is not Route.NATIVE and spec is not None:  # a reranker's or sparse model's routes: their own documents
             assert f"/predictions/tiny/2.0/{route.value}" in paths, route
     assert set(paths["/predictions/tiny/2.0/info"]) == {"get", "post"}
     assert set(paths["/predictions/tiny/2.0/openapi.json"]) == {"get"}

@@ -1,0 +1,158 @@
+"""A sparse (SPLADE) model's routes: the native route, and TEI's /embed_sparse in TEI's shape.
+
+  ""              {"input": text | [text, ...], options} or a text/plain body ->
+                  {"object": "list", "data": [{"object": "sparse_embedding", "index", "embedding"}], "model",
+                  "usage"}; "embedding" is {"indices": [...], "values": [...]} (Qdrant's and Milvus's
+                  sparse vector), or {"<token>": weight} with "sparse_format": "tokens" (Elasticsearch's
+                  sparse_vector)
+  "embed_sparse"  {"inputs", "truncate", "truncation_direction", "prompt_name"} (and threshold,
+                  max_active_dims) -> [[{"index", "value"}, ...], ...], as TEI answers it
+
+The options are the sparse task's (tasks/sparse.py).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from embedserve.handler.api.codec import check_method, check_text, decode_body, dumps, is_text, option_value
+from embedserve.handler.api.errors import RequestError, malformed
+from embedserve.handler.api.route import Route
+from embedserve.handler.model.description import Task
+from embedserve.handler.routes.base import RouteSpec
+from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
+                                              option_schema, ref)
+from embedserve.handler.tasks.embed import IGNORED_FIELDS, parse_inputs
+from embedserve.handler.tasks.sparse import SPARSE_FORMATS, SparseRequest, SparseVectors, parse_sparse_options
+
+SPARSE = frozenset({Task.SPARSE})
+
+
+def parse(route: Route, body: Any, content_type: str | None, method: str | None) -> SparseRequest:
+    """A text/plain body (the native route), or a JSON object with the inputs under `input`
+    (`inputs` on TEI's route) and the options; errors in the route's shape."""
+    try:
+        check_method(method)
+        payload = decode_body(body, content_type)
+        if isinstance(payload, str) and is_text(content_type) and not route.tei:
+            return SparseRequest(route, (check_text(payload, "body"),), field="body")
+        if not isinstance(payload, dict):
+            raise malformed("request body must be a JSON object", param="body")
+        name = "inputs" if route.tei else "input"
+        if name not in payload:
+            raise malformed(f"missing required field '{name}'", param=name)
+        for key in IGNORED_FIELDS:  # OpenAI's model and user: checked to be strings, then ignored
+            option_value(payload, key, str)
+        options = parse_sparse_options(payload)
+        if route.tei and options.sparse_format != "indices":
+            raise malformed("'sparse_format' does not apply to /embed_sparse, which answers TEI's shape",
+                            param="sparse_format")
+        return SparseRequest(route, parse_inputs(payload[name], name, allow_token_ids=False), options, field=name)
+    except RequestError as err:
+        err.tei = route.tei
+        raise
+
+
+def encode_list(request: SparseRequest, result: SparseVectors, model_name: str) -> bytes:
+    """The native route's list, one sparse vector an input in the format the request asked for."""
+    if result.names is not None:
+        embeddings: list[Any] = [dict(zip(names, weights)) for names, weights in zip(result.names, result.weights)]
+    else:
+        embeddings = [{"indices": ids, "values": weights} for ids, weights in zip(result.ids, result.weights)]
+    return dumps({
+        "object": "list",
+        "data": [{"object": "sparse_embedding", "index": i, "embedding": embedding}
+                 for i, embedding in enumerate(embeddings)],
+        "model": model_name,
+        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
+    })
+
+
+def encode_tei(request: SparseRequest, result: SparseVectors, model_name: str) -> bytes:
+    """TEI's /embed_sparse answer: per input, its entries as {"index", "value"}, by index."""
+    # float32 scalars: orjson writes each in its shortest round-trip form, as the arrays of the dense answers.
+    return dumps([[{"index": i, "value": v} for i, v in zip(ids.tolist(), weights)]
+                  for ids, weights in zip(result.ids, result.weights)])
+
+
+# --- the OpenAPI document --------------------------------------------------------------------------
+
+OPTION_NOTES = {
+    "threshold": "drop weights below this (default 0: every non-zero weight)",
+    "max_active_dims": "keep at most this many entries per input, the largest",
+    "sparse_format": "`indices`: {indices, values} (Qdrant, Milvus); `tokens`: {token: weight} (Elasticsearch "
+                     "sparse_vector)",
+}
+
+
+def _options(model: ServedModel, tei: bool) -> dict[str, Any]:
+    shared = {key: option_schema(key, model) for key in ("truncate", "truncation_direction", "prompt_name")}
+    own = {
+        "threshold": {"type": ["number", "null"], "minimum": 0, "default": 0,
+                      "description": OPTION_NOTES["threshold"]},
+        "max_active_dims": {"type": ["integer", "null"], "minimum": 1, "description": OPTION_NOTES["max_active_dims"]},
+    }
+    if not tei:
+        own["sparse_format"] = {"enum": [*SPARSE_FORMATS, None], "default": SPARSE_FORMATS[0],
+                                "description": OPTION_NOTES["sparse_format"]}
+    return {**shared, **own}
+
+
+def schemas(model: ServedModel) -> dict[str, Any]:
+    if model.task is not Task.SPARSE:
+        return {}
+    entry = {"type": "object", "required": ["index", "value"], "additionalProperties": False,
+             "properties": {"index": {"type": "integer", "minimum": 0, "maximum": model.dimension - 1},
+                            "value": {"type": "number", "minimum": 0}}}
+    indices = {"type": "object", "required": ["indices", "values"], "additionalProperties": False,
+               "properties": {"indices": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                              "values": {"type": "array", "items": {"type": "number", "minimum": 0}}}}
+    by_token = {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}}
+    return {
+        "SparseEmbeddingRequest": {
+            "type": "object", "required": ["input"],
+            "properties": {"input": {"anyOf": [ref("Text"), {**many(model), "items": ref("Text")}]},
+                           **_options(model, tei=False),
+                           **{key: {"type": ["string", "null"]} for key in IGNORED_FIELDS}}},
+        "SparseEmbeddingList": {
+            "type": "object", "required": ["object", "data", "model", "usage"],
+            "properties": {
+                "object": {"const": "list"}, "model": {"const": model.name},
+                "data": {"type": "array", "items": {
+                    "type": "object", "required": ["object", "index", "embedding"],
+                    "properties": {"object": {"const": "sparse_embedding"}, "index": {"type": "integer"},
+                                   "embedding": {"anyOf": [indices, by_token]}}}},
+                "usage": {"type": "object"}}},
+        "TEISparseRequest": {"type": "object", "required": ["inputs"],
+                             "properties": {"inputs": ref("TEIInputs"), **_options(model, tei=True)}},
+        "TEISparseEmbeddings": {"type": "array", "items": {"type": "array", "items": entry}},
+    }
+
+
+def _native_operations(model: ServedModel) -> dict[str, Any]:
+    return {"post": operation(
+        "embed_sparse_list", "Sparse embeddings: token ids and weights per input",
+        {"application/json": {"schema": ref("SparseEmbeddingRequest"),
+                              "examples": examples({"texts": {"input": ["The quick brown fox", "a lazy dog"]},
+                                                    "tokens": {"input": "hello", "sparse_format": "tokens",
+                                                               "max_active_dims": 32}})},
+         "text/plain": {"schema": ref("Text"), "example": "hello world"}},
+        {"schema": ref("SparseEmbeddingList")},
+        error_responses(EMBED_ERRORS, Route.NATIVE, model.server, model=model,
+                        parse=partial(parse, Route.NATIVE)))}
+
+
+def _tei_operations(model: ServedModel) -> dict[str, Any]:
+    return {"post": operation(
+        "embed_sparse", "TEI's /embed_sparse: per input, its non-zero entries",
+        {"application/json": {"schema": ref("TEISparseRequest"), "example": {"inputs": ["hello world"]}}},
+        {"schema": ref("TEISparseEmbeddings")},
+        error_responses(EMBED_ERRORS, Route.TEI_EMBED_SPARSE, model.server, model=model,
+                        parse=partial(parse, Route.TEI_EMBED_SPARSE)))}
+
+
+ROUTES = (
+    RouteSpec(Route.NATIVE, SPARSE, partial(parse, Route.NATIVE), encode_list, _native_operations),
+    RouteSpec(Route.TEI_EMBED_SPARSE, SPARSE, partial(parse, Route.TEI_EMBED_SPARSE), encode_tei, _tei_operations),
+)
