@@ -174,6 +174,8 @@ class TorchServe:
         try:
             data = response.json()["data"]
             vector = data[0]["embedding"]
+            if isinstance(vector, dict):  # a sparse model's {"indices", "values"}
+                vector = vector["values"]
             real = len(data) == 1 and len(vector) > 0 and all(math.isfinite(float(x)) for x in vector)
         except (ValueError, KeyError, IndexError, TypeError):
             return f"model {model}: the answer is not an embedding: {response.text[:200]}"

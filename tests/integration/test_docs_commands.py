@@ -29,6 +29,7 @@ from tests.support.doc_commands import (DOCS, SHELL_PRELUDE, Call, blocks, calls
                                         substitute)
 from tests.support.serving import environment
 from tests.support.rerankers import make_reranker
+from tests.support.sparse_models import make_splade
 from tests.support.tiny_model import make_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -71,6 +72,7 @@ def served(tmp_path_factory):
     assert stale == 0, "the environment is older than setup.cfg or pyproject.toml: run `make serve` first"
     model_dir = make_tiny_model(tmp_path_factory.mktemp("placeholder") / "hf-model-folder")
     make_reranker("bert", model_dir.parent / "cross-encoder-folder")  # the README's reranker placeholder
+    make_splade(model_dir.parent / "splade-folder")  # docs/models.md's sparse model placeholder
     started = subprocess.run(_serve_line(), shell=True, cwd=root, capture_output=True, text=True, timeout=900)
     served = Served(root, model_dir, started.stdout)
     try:
@@ -171,6 +173,9 @@ def _request(call: Call) -> tuple[int, dict]:
 def _check_vectors(served: Served, model: str, call: Call, answer) -> str | None:
     count, body = _request(call)
     vectors = [entry["embedding"] for entry in answer["data"]] if isinstance(answer, dict) else answer
+    if vectors and isinstance(vectors[0], dict):  # a sparse model's native answer
+        return _check_sparse(served, model, call, [dict(zip(v["indices"], v["values"])) if "indices" in v else v
+                                                    for v in vectors])
     dims = body.get("dimensions") or served.dimension(model)
     dtype = body.get("output_dtype", "float")
     if len(vectors) != count:
@@ -184,6 +189,19 @@ def _check_vectors(served: Served, model: str, call: Call, answer) -> str | None
         expected = dims // 8 if dtype in ("binary", "ubinary") else dims
         if len(vector) != expected or not all(math.isfinite(x) and abs(x) < 256 for x in vector):
             return f"a vector of {len(vector)} values, expected {expected} finite ones: {vector[:6]}"
+    return None
+
+
+def _check_sparse(served, model, call, answer) -> str | None:
+    """Per input, its entries ({id or token: weight}, or TEI's [{"index", "value"}]): positive
+    finite weights, at most max_active_dims of them where asked."""
+    count, body = _request(call)
+    rows = [row if isinstance(row, dict) else {entry["index"]: entry["value"] for entry in row} for row in answer]
+    limit = body.get("max_active_dims") or served.dimension(model)
+    if len(rows) != count or not all(0 < len(row) <= limit for row in rows):
+        return f"expected {count} sparse vectors of 1 to {limit} entries: {answer!r:.300}"
+    if not all(math.isfinite(w) and w > 0 for row in rows for w in row.values()):
+        return f"weights not finite and positive: {answer!r:.300}"
     return None
 
 
@@ -223,6 +241,7 @@ ROUTE_CHECKS = {
     "": _check_vectors,
     "v1/embeddings": _check_vectors,
     "embed": _check_vectors,
+    "embed_sparse": _check_sparse,
     "tokenize": _check_tokens,
     "info": _check_info,
     "openapi.json": _check_openapi,

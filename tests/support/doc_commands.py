@@ -6,7 +6,7 @@ is a command to run, unless NOT_RUN below names it with the reason. Blocks in an
 run in order in one bash session, in the root of a fresh copy of the repository where `make serve`
 has started the server; its python blocks run afterwards. The only changes to their text: the
 loopback ports 8080, 8081 and 8082 become the test server's, and the placeholder model folders
-(an embedding model's, a cross-encoder's) become small models made offline."""
+(an embedding model's, a cross-encoder's, a SPLADE model's) become small models made offline."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PLACEHOLDER_MODEL = "/path/to/hf-model-folder"
 # A reranker's folder, made offline beside the placeholder model (same parent folder).
 PLACEHOLDER_RERANKER = "/path/to/cross-encoder-folder"
+# A sparse (SPLADE) model's folder, made offline beside the placeholder model.
+PLACEHOLDER_SPLADE = "/path/to/splade-folder"
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ def substitute(text: str, ports: dict[str, int], model_dir: Path | None = None) 
         text = re.sub(rf"(127\.0\.0\.1|localhost):{documented}\b", rf"\g<1>:{ports[api]}", text)
     if model_dir is not None:
         text = text.replace(PLACEHOLDER_MODEL, str(model_dir))
-        text = text.replace(PLACEHOLDER_RERANKER, str(model_dir.parent / PLACEHOLDER_RERANKER.rsplit("/", 1)[1]))
+        for placeholder in (PLACEHOLDER_RERANKER, PLACEHOLDER_SPLADE):
+            text = text.replace(placeholder, str(model_dir.parent / placeholder.rsplit("/", 1)[1]))
     return text
 
 

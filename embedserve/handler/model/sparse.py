@@ -44,7 +44,7 @@ class SpladePooler(torch.nn.Module):
                     weights.log1p_()
                 weights.mul_(real[block, span])  # padding weighs 0: below every real weight, which is >= 0
                 if self.pooling.strategy == "max":
-                    torch.maximum(out[block], weights.amax(dim=1), out=out[block])
+                    out[block] = torch.maximum(out[block], weights.amax(dim=1))
                 else:
                     out[block] += weights.sum(dim=1)
         return out
