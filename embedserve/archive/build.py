@@ -50,6 +50,7 @@ WORKERS_PER_GPU = 2  # a GPU worker's host work overlaps the other's passes (_de
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
 TS_DEFAULT_BODY_BYTES = 6_553_600  # TorchServe's max_request_size and max_response_size
 SPARSE_ENTRIES = 512  # the entries per input a sparse model's largest answer is sized for
+HYBRID_ANSWERS = 8  # a hybrid model's largest answer, in dense answers
 
 
 class BuildError(RuntimeError):
@@ -133,11 +134,14 @@ def build(args: argparse.Namespace) -> Path:
             if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
         frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None,
-                                   sparse=sparse is not None)
+                                   sparse=sparse is not None, hybrid=description.m3 is not None)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if scoring:
             print(f"a {scoring.task} model ({len(scoring.labels)} label(s), {scoring.activation}); bfloat16 CPU "
                   "engines: not checked for scoring models, CPU workers serve float32", file=sys.stderr)
+        elif description.m3:
+            print("a hybrid model (dense, sparse and ColBERT outputs, bge-m3); bfloat16 CPU engines: not checked for "
+                  "hybrid models, CPU workers serve float32", file=sys.stderr)
         elif not sparse:  # a sparse model said why above
             check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
@@ -187,14 +191,16 @@ def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> 
 
 
 def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = False,
-                    sparse: bool = False) -> dict[str, int]:
+                    sparse: bool = False, hybrid: bool = False) -> dict[str, int]:
     """What TorchServe must let through for the handler's limits to hold end to end:
     - max_response_size: the largest answer, max_inputs_per_request vectors of the model's
       dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB); for a scoring model (its
       dimension: its labels), their scores, and at least TorchServe's 6.5 MB for the texts a
       rerank answer may echo back (beyond it, 413 asks for them not to be); for a sparse model,
       SPARSE_ENTRIES entries an input (a trained SPLADE model keeps a few hundred: an answer over
-      the handler's bound is its 413, naming max_active_dims);
+      the handler's bound is its 413, naming max_active_dims); for a hybrid model, HYBRID_ANSWERS
+      times the dense answer, room for its sparse and ColBERT outputs (ColBERT's grow with the
+      tokens: an answer over the bound is its 413, naming base64 and smaller dtypes);
     - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
       digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
     settings = Settings.from_mapping(handler)
@@ -204,7 +210,7 @@ def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = Fa
     elif sparse:
         answer = max(TS_DEFAULT_BODY_BYTES, sparse_answer_bytes(inputs * min(dimension, SPARSE_ENTRIES), inputs, name))
     else:
-        answer = max_answer_bytes(inputs, dimension, "float", "float", name)
+        answer = max_answer_bytes(inputs, dimension, "float", "float", name) * (HYBRID_ANSWERS if hybrid else 1)
     return {
         "max_response_size": answer,
         "max_request_size": max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8

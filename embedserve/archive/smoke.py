@@ -59,7 +59,7 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         f"prompts: {prompts}; default: {text_task.default_prompt!r}",
         f"max length: {text_task.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
-        f"dimension: {engine.encoder.dimension}" if engine.task in (Task.EMBED, Task.SPARSE) else
+        f"dimension: {engine.encoder.dimension}" if engine.task in (Task.EMBED, Task.SPARSE, Task.HYBRID) else
         f"task: {engine.task}, labels: {', '.join(engine.work.scoring.labels)}",
     ]
     if settings.pooling != "auto" or settings.prompt:
@@ -71,6 +71,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         return lines + ["sentence-transformers: not installed, not compared"]
     if engine.task is Task.SPARSE:
         return lines + [_compare_sparse(engine, model_dir)]
+    if engine.task is Task.HYBRID:
+        return lines + [_compare(engine, model_dir, int8=False), _compare_m3(engine, model_dir)]
     if engine.task is not Task.EMBED:
         return lines + [_compare_scores(engine, model_dir)]
     return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
@@ -138,6 +140,76 @@ def _compare_sparse(engine, model_dir: Path) -> str:
                          f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
     return f"sentence-transformers SparseEncoder: same token ids, max weight difference {worst:.1e} over {vectors} " \
            "vectors"
+
+
+def m3_embedder_class():
+    """FlagEmbedding's M3Embedder (the reference for bge-m3), or ImportError. Its package's __init__
+    imports every model family, one of which fails on transformers 5; the m3 module itself imports
+    once its parent packages are bare modules."""
+    import importlib.util
+    import sys
+    import types
+
+    spec = importlib.util.find_spec("FlagEmbedding")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("FlagEmbedding is not installed")
+    root = Path(spec.submodule_search_locations[0])
+    for name, sub in (("FlagEmbedding", ""), ("FlagEmbedding.inference", "inference")):
+        if not hasattr(sys.modules.get(name), "__path__"):
+            module = types.ModuleType(name)
+            module.__path__ = [str(root / sub)]
+            sys.modules[name] = module
+    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
+
+    return M3Embedder
+
+
+def _with_pickled_heads(model_dir: Path, folder: Path) -> Path:
+    """The staged model as FlagEmbedding reads it, in `folder`: its files linked, its heads back in
+    the `.pt` state dicts FlagEmbedding loads (a reference copy, never archived)."""
+    import torch
+    from safetensors.torch import load_file
+
+    for item in model_dir.iterdir():
+        (folder / item.name).symlink_to(item)
+    for head in ("sparse_linear", "colbert_linear"):
+        torch.save(load_file(str(model_dir / f"{head}.safetensors")), folder / f"{head}.pt")
+    return folder
+
+
+def _compare_m3(engine, model_dir: Path) -> str:
+    """bge-m3's three outputs, from one request, against FlagEmbedding's BGEM3 (its M3Embedder):
+    dense and ColBERT vectors by cosine, sparse weights by token id within MAX_SCORE_DIFFERENCE."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="m3-reference-") as tmp:
+        try:
+            reference = _with_pickled_heads(model_dir, Path(tmp))
+            embedder = m3_embedder_class()(str(reference), use_fp16=False, devices="cpu", normalize_embeddings=True)
+        except Exception as err:
+            return f"FlagEmbedding BGEM3: not compared ({type(err).__name__}: {str(err)[:200]})"
+        want = embedder.encode(list(TEXTS), max_length=engine.text.max_length, return_dense=True,
+                               return_sparse=True, return_colbert_vecs=True)
+    data = _answer(engine, {"input": list(TEXTS), "outputs": ["dense", "sparse", "colbert"]})["data"]
+    cosines, worst = [], 0.0
+    for item, dense, weights, colbert in zip(data, want["dense_vecs"], want["lexical_weights"], want["colbert_vecs"]):
+        got = dict(zip(item["sparse_embedding"]["indices"], item["sparse_embedding"]["values"]))
+        expected = {int(k): float(v) for k, v in weights.items()}
+        served_colbert = np.asarray(item["colbert_embedding"], dtype=np.float64).reshape(len(colbert), -1) \
+            if len(item["colbert_embedding"]) == len(colbert) else None
+        if sorted(got) != sorted(expected) or served_colbert is None:
+            raise SmokeError("the served sparse token ids or ColBERT token count differ from FlagEmbedding's BGEM3; "
+                             "refusing to build a model that would be served wrong")
+        worst = max([worst, *(abs(got[k] - expected[k]) for k in got)])
+        vectors = np.vstack([np.asarray(item["embedding"])[None], served_colbert])
+        reference = np.vstack([np.asarray(dense)[None], np.asarray(colbert)])
+        cosines.extend((vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1).clip(1e-12)
+                       / np.linalg.norm(reference, axis=1).clip(1e-12))
+    least = float(min(cosines))
+    if not (least >= MIN_COSINE and worst <= MAX_SCORE_DIFFERENCE):
+        raise SmokeError(f"the served bge-m3 outputs differ from FlagEmbedding's BGEM3 (min cosine {least:.6f}, "
+                         f"sparse difference {worst:.1e}); refusing to build a model that would be served wrong")
+    return f"FlagEmbedding BGEM3: dense and ColBERT min cosine {least:.6f}, sparse max difference {worst:.1e}"
 
 
 def _compare(engine, model_dir: Path, int8: bool) -> str:

@@ -1,8 +1,8 @@
 """Copy a Hugging Face model folder into a staging folder with safetensors weights only.
 
 What is copied: config.json, tokenizer files and the chat template, sentence-transformers
-description files, the weights, and each pipeline module's folder (its config.json and weights: a
-Dense or LayerNorm module has its own). Pickled weights (`pytorch_model.bin`) are converted to safetensors with
+description files, the weights, each pipeline module's folder (its config.json and weights: a
+Dense or LayerNorm module has its own), and bge-m3's sparse and ColBERT heads. Pickled weights (`pytorch_model.bin`) are converted to safetensors with
 `torch.load(weights_only=True)`, which refuses arbitrary objects; a checkpoint that needs
 more than tensors is refused. Nothing pickled is ever copied.
 """
@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors.torch import save_file
+
+from embedserve.handler.model.files import M3_HEAD_FILES
 
 CONFIG_FILES = ("config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 TOKENIZER_FILES = (
@@ -43,6 +45,11 @@ def stage_model(source: Path, target: Path) -> None:
             shutil.copyfile(source / folder / "config.json", target / folder / "config.json")
             _stage_weights(source / folder, target / folder, required=False)
     _stage_weights(source, target)
+    for head in M3_HEAD_FILES:  # bge-m3's heads: pickled state dicts, converted as the weights are
+        if (source / f"{head}.safetensors").is_file():
+            shutil.copyfile(source / f"{head}.safetensors", target / f"{head}.safetensors")
+        elif (source / f"{head}.pt").is_file():
+            _convert_pickled_weights(source / f"{head}.pt", target / f"{head}.safetensors")
     if not (target / "tokenizer.json").is_file():
         _convert_tokenizer(source, target)
 

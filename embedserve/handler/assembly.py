@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from transformers import AutoTokenizer
@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from embedserve.handler.api.server import PLAIN, ServerProfile
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.execution.calibration import Speed
-from embedserve.handler.execution.encoder import DenseRows, Encoder, SparseRows, finite_rows
+from embedserve.handler.execution.encoder import DenseRows, Encoder, HybridRows, SparseRows, finite_rows
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer
@@ -38,6 +38,7 @@ from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
 from embedserve.handler.tasks.base import RequestChecks, TaskSlice
 from embedserve.handler.tasks.embed import EmbedTask
+from embedserve.handler.tasks.hybrid import HybridTask
 from embedserve.handler.tasks.score import ScoreTask
 from embedserve.handler.tasks.sparse import SparseTask
 from embedserve.handler.worker.cpu_lending import CpuLending
@@ -112,8 +113,12 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         max_length=max(max_length, len(tokenizer.prefix) + len(tokenizer.suffix)),
         scoring=model.scoring,
         sparse=model.sparse,
+        m3=model.m3,
     )
-    encoder = _open_encoder(model_dir, settings, placement, parts)
+    # bge-m3's sparse weights leave out the tokenizer's cls, eos, pad and unk tokens, as FlagEmbedding does.
+    unused = frozenset(tokenizer.role_ids[role] for role in ("cls", "eos", "pad", "unk") if role in tokenizer.role_ids)
+    rows = SparseRows if model.sparse else partial(HybridRows, unused=unused) if model.m3 else DenseRows
+    encoder = _open_encoder(model_dir, settings, placement, parts, rows)
     default_prompt = settings.prompt or model.prompts.get(model.default_prompt_name or "", "")
     # Everything that changes a vector for the same token ids: weights (the revision hashes
     # the pipeline modules' too), how they run, and the pipeline after the transformer.
@@ -121,8 +126,8 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     dtype = f"int8:{runs['engine']}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
         else f"{placement.dtype}:{runs['engine']}"
     dtype += f":{runs['layout']}"
-    # A sparse model's rows are its non-zero entries, of any count: the cache keeps dense rows only.
-    cache = None if model.sparse else open_cache(
+    # A sparse or hybrid model's rows are entries and token vectors of any count: the cache keeps dense rows only.
+    cache = None if model.sparse or model.m3 else open_cache(
         settings, model_name=model_name, dimension=encoder.dimension,
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
@@ -132,13 +137,17 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     work: TaskSlice = text
     if model.task is Task.SPARSE:
         work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True)
+    elif model.task is Task.HYBRID:
+        work = HybridTask(checks, prompts=model.prompts, default_prompt=default_prompt,
+                          include_prompt=encoder.pooling.include_prompt)
     elif model.task is not Task.EMBED:
         chat_pairs = ChatPairTokenizer(hf_tokenizer, scoring.chat) if hf_tokenizer is not None else None
         work = ScoreTask(checks, scoring, model.task, chat_pairs=chat_pairs, default_instruction=default_prompt)
     return Parts(model, encoder, text, work, cache)
 
 
-def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placement, parts: ModelParts) -> Encoder:
+def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placement, parts: ModelParts,
+                  rows: Callable[..., Any]) -> Encoder:
     """The worker's encoder: placed, its backend selected (embedserve/handler/execution/select.py), its pass prices at
     their defaults until warm-up measures them."""
     apply_placement(placement)
@@ -148,7 +157,7 @@ def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placemen
     lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
     return Encoder(selection.backend, cost, selection.placement, dimension=selection.dimension, pooling=parts.pooling,
                    pad_id=parts.pad_id, max_positions=parts.max_positions, lending=lending, reasons=selection.reasons,
-                   rows=SparseRows if parts.sparse else DenseRows)
+                   rows=rows)
 
 
 def warm_up(encoder: Encoder, text: EmbedTask) -> Speed:

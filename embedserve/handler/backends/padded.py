@@ -27,8 +27,9 @@ from embedserve.handler.worker.transfer import to_device
 # (batch, labels) logits: a torch model (model/loading.py's TorchTransformer), an ONNX Runtime
 # session (backends/onnx_runtime.py) or an OpenVINO model (backends/openvino_runtime.py).
 Transformer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-# (batch, seq, hidden) states and the TokenRole mask -> (batch, dimension) float32.
-TokenPooling = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (batch, seq, hidden) states, the TokenRole mask and the ids -> the pass's rows: (batch, dimension)
+# float32 (SPLADE), or several outputs a row (bge-m3, model/m3.py).
+TokenPooling = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
 
 class PaddedInputs(NamedTuple):
@@ -40,7 +41,8 @@ class PaddedBackend:
     """Passes as right-padded rectangles. `facts` says what runs them, for /info: the engine
     and the attention kernel. No `modes`: the transformer scores (one row of logits per input);
     `segments`: it takes token type ids, a pair's second text being type 1. `token_pooling`: pools
-    the token states its own way instead of the modes and head (SPLADE, model/sparse.py)."""
+    the token states its own way instead of the modes and head (SPLADE, model/sparse.py; bge-m3,
+    model/m3.py)."""
 
     def __init__(self, transformer: Transformer, *, modes: Sequence[str], head: torch.nn.Module | None, pad_id: int,
                  pad_multiple: int, device: torch.device, facts: dict[str, Any], graphs: GraphRunner | None = None,
@@ -104,7 +106,7 @@ class PaddedBackend:
         segments = (mask == TokenRole.SECOND).to(ids.dtype) if self.segments else None
         hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
         if self.token_pooling is not None:
-            return self.token_pooling(hidden, mask)
+            return self.token_pooling(hidden, mask, ids)
         if not self.modes:
             return hidden.to(torch.float32)
         pooled = pool(hidden, mask, self.modes)  # (batch, hidden * modes)

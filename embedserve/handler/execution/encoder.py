@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -75,6 +75,59 @@ class SparseRows:
         return self.rows
 
 
+class HybridVectors(NamedTuple):
+    """A batch's bge-m3 outputs, item by item: dense rows, sparse entries ((2, entries) float32:
+    token ids over weights, merged by id) and ColBERT vectors ((tokens - 1, dimension) float32)."""
+    dense: torch.Tensor
+    sparse: list[np.ndarray]
+    colbert: list[np.ndarray]
+
+    def __getitem__(self, items: slice) -> "HybridVectors":  # type: ignore[override]
+        return HybridVectors(self.dense[items], self.sparse[items], self.colbert[items])
+
+    def __len__(self) -> int:
+        return len(self.dense)
+
+    def finite(self) -> list[bool]:
+        dense = torch.isfinite(self.dense).all(dim=1).tolist()
+        return [ok and bool(np.isfinite(sparse).all() and np.isfinite(colbert).all())
+                for ok, sparse, colbert in zip(dense, self.sparse, self.colbert)]
+
+
+class HybridRows:
+    """A batch's bge-m3 outputs (model/m3.py), kept item by item: the dense rows in one block, each
+    item's token weights merged by token id (the largest; `unused` ids, the tokenizer's cls, eos,
+    pad and unk, left out; zero weights dropped), its ColBERT vectors of the tokens after the first."""
+
+    def __init__(self, items: int, dimension: int, device: torch.device, *, unused: frozenset[int]):
+        self.dense = DenseRows(items, dimension, device)
+        self.sparse = [np.zeros((2, 0), dtype=np.float32)] * items
+        self.colbert = [np.zeros((0, 0), dtype=np.float32)] * items
+        self.unused = np.fromiter(unused, dtype=np.int64)
+
+    def put(self, indices: Sequence[int], rows: Any) -> None:
+        self.dense.put(indices, rows.dense)
+        ids, weights, colbert, lengths = (Encoder.to_host(t).numpy() for t in (
+            rows.ids, rows.token_weights, rows.colbert, rows.lengths))
+        for index, row_ids, row_weights, row_colbert, length in zip(indices, ids, weights, colbert, lengths):
+            kept = (row_weights > 0) & ~np.isin(row_ids, self.unused)  # padding weighs 0
+            self.sparse[index] = _merged_by_id(row_ids[kept], row_weights[kept])
+            self.colbert[index] = row_colbert[:max(int(length) - 1, 0)].copy()
+
+    def result(self) -> HybridVectors:
+        return HybridVectors(self.dense.result(), self.sparse, self.colbert)
+
+
+def _merged_by_id(ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(2, entries): each distinct id (ascending) over its largest weight."""
+    if not len(ids):
+        return np.zeros((2, 0), dtype=np.float32)
+    order = np.argsort(ids, kind="stable")
+    ids, weights = ids[order], weights[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    return np.stack((ids[starts].astype(np.float32), np.maximum.reduceat(weights, starts))).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class Embedded:
     vectors: torch.Tensor | list[np.ndarray]  # (items, dimension) float32 in input order; SparseRows' rows
@@ -86,6 +139,8 @@ class Embedded:
 
 def finite_rows(vectors: torch.Tensor | list[np.ndarray]) -> list[bool]:
     """Whether each item's output is finite, whichever way the batch keeps its rows."""
+    if isinstance(vectors, HybridVectors):
+        return vectors.finite()
     if isinstance(vectors, torch.Tensor):
         return torch.isfinite(vectors).all(dim=1).tolist()
     return [bool(np.isfinite(row).all()) for row in vectors]
@@ -97,7 +152,7 @@ class Encoder:
 
     def __init__(self, backend: Backend, cost: PassCost, placement: Placement, *, dimension: int, pooling: Pooling,
                  pad_id: int, max_positions: int | None = None, lending: CpuLending | None = None,
-                 reasons: dict[str, Any] | None = None, rows: type[DenseRows] | type[SparseRows] = DenseRows):
+                 reasons: dict[str, Any] | None = None, rows: Callable[..., Any] = DenseRows):
         self.backend = backend
         self.cost = cost
         self.placement = placement
@@ -108,7 +163,7 @@ class Encoder:
         self.lending = lending
         self.lend_min_tokens = 0  # padded tokens a pass needs to borrow CPUs (measure_speed sets it)
         self.reasons = dict(reasons or {})
-        self.rows = rows  # how a batch's outputs are kept: dense, or a sparse model's non-zero entries
+        self.rows = rows  # how a batch's outputs are kept (DenseRows, SparseRows, HybridRows): (items, dimension, device)
 
     def with_backend(self, backend: Backend, *, placement: Placement | None = None, lending: CpuLending | None = None,
                      cost: PassCost | None = None) -> "Encoder":

@@ -39,8 +39,9 @@ from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
     time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.description import HeadModule, Pooling, Scoring, SparsePooling
+from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling
 from embedserve.handler.model.head import load_head, logit_score_head
+from embedserve.handler.model.m3 import M3Pooler, load_m3_heads
 from embedserve.handler.model.sparse import SpladePooler, masked_lm_parts
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model
@@ -66,6 +67,7 @@ class ModelParts:
     max_length: int  # the longest input the engine ever passes, special tokens included
     scoring: Scoring | None = None  # a reranker's or classifier's head: logits, no pooling
     sparse: SparsePooling | None = None  # a SPLADE model's pooling of its vocabulary logits
+    m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
 
 
 @dataclass
@@ -154,10 +156,14 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
         if scoring:  # a causal reranker: its LogitScore over the last token's state (its pooling)
             head, dimension = logit_score_head(model_dir, scoring.logit_score, placement.device), 1
         else:
-            width = int(AutoConfig.from_pretrained(model_dir).hidden_size) * len(modes)
-            head, dimension = load_head(model_dir, parts.head, width, placement.device)
-    padded_parts = dict(modes=modes, head=head, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
-                        device=placement.device, segments=bool(scoring and scoring.segments))
+            hidden = int(AutoConfig.from_pretrained(model_dir).hidden_size)
+            head, dimension = load_head(model_dir, parts.head, hidden * len(modes), placement.device)
+    padded_parts: dict[str, Any] = dict(modes=modes, head=head, pad_id=parts.pad_id,
+                                        pad_multiple=placement.pad_multiple, device=placement.device,
+                                        segments=bool(scoring and scoring.segments))
+    if parts.m3:  # bge-m3: its heads read every token's state, after any engine's transformer
+        padded_parts["token_pooling"] = M3Pooler(modes, head, *load_m3_heads(model_dir, parts.m3, hidden,
+                                                                             placement.device))
     if engine in ("onnxruntime", "openvino"):
         if engine == "onnxruntime":
             transformer: Any = OnnxTransformer(model_dir / onnx_file(placement.int8), placement.cpu_threads or 1,
@@ -178,14 +184,14 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
         torch_transformer = TorchTransformer(model)
         padded = PaddedBackend(torch_transformer, facts={"engine": engine, "attention": torch_transformer.attention},
                                **padded_parts)
-        if placement.packed and (own_head or sparse):
+        if placement.packed and (own_head or sparse or parts.m3):
             backend, reasons["layout"] = padded, "padded: packed passes pool token states with the Pooling modes; " \
                                                  "this model's head reads its own"
         else:
             backend, reasons["layout"] = _layout(padded, torch_transformer.model, placement, parts, head) \
                 if placement.packed else (padded, "padded: the default")
-        if placement.cuda_graphs and sparse:
-            reasons["cuda_graphs"] = "none: a sparse model's passes run eagerly (vocabulary-wide outputs per bucket)"
+        if placement.cuda_graphs and (sparse or parts.m3):
+            reasons["cuda_graphs"] = "none: a sparse or hybrid model's passes run eagerly (outputs per token)"
         elif placement.cuda_graphs:
             with torch.inference_mode():
                 backend, reasons["cuda_graphs"] = with_graphs(backend, torch_transformer.model, placement, parts)

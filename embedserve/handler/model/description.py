@@ -43,6 +43,7 @@ class Task(StrEnum):
     RERANK = "rerank"
     CLASSIFY = "classify"
     SPARSE = "sparse"  # a weight per vocabulary token (SPLADE)
+    HYBRID = "hybrid"  # dense, sparse and multi-vector outputs from one pass (bge-m3)
 
 
 class ModelFilesError(ValueError):
@@ -126,6 +127,18 @@ class SparsePooling:
 
 
 @dataclass(frozen=True)
+class M3Heads:
+    """bge-m3's two heads beside its dense pipeline (FlagEmbedding's BGEM3): `sparse_linear`, a
+    weight per token (relu), merged by token id with max and special tokens left out; and
+    `colbert_linear`, a vector per token after the first, L2-normalized (ColBERT)."""
+    colbert_dimension: int
+
+    @property
+    def modules(self) -> list[str]:
+        return ["SparseLinear(relu, max by token id)", f"ColBERTLinear({self.colbert_dimension}, normalized)"]
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
     hidden_size: int  # the transformer's output width
@@ -138,11 +151,14 @@ class ModelDescription:
     default_prompt_name: str | None = None
     scoring: Scoring | None = None  # a reranker's or classifier's head; None for an embedding model
     sparse: SparsePooling | None = None  # a SPLADE model's pooling; None for a dense one
+    m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
 
     @property
     def task(self) -> Task:
         if self.sparse:
             return Task.SPARSE
+        if self.m3:
+            return Task.HYBRID
         return self.scoring.task if self.scoring else Task.EMBED
 
     def served_with(self, pooling_setting: str) -> "ModelDescription":
@@ -184,7 +200,8 @@ class ModelDescription:
             return ["Transformer(masked LM)", self.sparse.name]
         pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
             if self.pooling else []
-        return ["Transformer", *pooling, *(describe_head_module(m) for m in self.head)]
+        return ["Transformer", *pooling, *(describe_head_module(m) for m in self.head), *(self.m3.modules if self.m3
+                                                                                        else [])]
 
 
 def describe_head_module(module: HeadModule) -> str:

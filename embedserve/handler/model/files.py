@@ -30,8 +30,8 @@ from typing import Any
 
 from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES, POOLING_FLAGS, POOLING_MODES,
                                                   SPARSE_ACTIVATIONS, SPARSE_STRATEGIES, ChatFormat, HeadModule,
-                                                  LogitScore, ModelDescription, ModelFilesError, Pooling, Scoring,
-                                                  SparsePooling)
+                                                  LogitScore, M3Heads, ModelDescription, ModelFilesError, Pooling,
+                                                  Scoring, SparsePooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 
 _MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
@@ -55,6 +55,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     scoring = _read_scoring(model_dir, config)
     sparse = None if scoring else _read_sparse(model_dir, config)
     pooling, head = (None, ()) if scoring or sparse else _read_pipeline(model_dir)
+    m3 = None if scoring or sparse else _read_m3(model_dir)
     if scoring and scoring.logit_score:  # the score is read at the last token
         pooling = Pooling(("last_token",))
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
@@ -72,6 +73,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         default_prompt_name=default_prompt_name,
         scoring=scoring,
         sparse=sparse,
+        m3=m3,
     )
 
 
@@ -161,6 +163,28 @@ def _read_causal_reranker(model_dir: Path, config: dict[str, Any], modules: list
     activation = _activation(model_dir, config, st_config, 1)
     return Scoring(("LABEL_0",), activation, segments=False, logit_score=LogitScore(true_id, false_id),
                    chat=_read_chat_format(model_dir))
+
+
+# bge-m3's heads beside the encoder, as the build stages them (model/m3.py loads them).
+M3_HEAD_FILES = ("sparse_linear", "colbert_linear")
+
+
+def _read_m3(model_dir: Path) -> M3Heads | None:
+    """bge-m3's sparse and ColBERT heads, where the folder has both; None otherwise. Its own files
+    are pickled state dicts (`.pt`): the build converts them, so a folder with only those is refused."""
+    present = [name for name in M3_HEAD_FILES if (model_dir / f"{name}.safetensors").is_file()]
+    pickled = [name for name in M3_HEAD_FILES if (model_dir / f"{name}.pt").is_file()]
+    if not present and not pickled:
+        return None
+    if len(present) != len(M3_HEAD_FILES):
+        raise ModelFilesError(f"{model_dir}: bge-m3's heads {', '.join(f'{n}.pt' for n in pickled) or present} are "
+                              "not both in safetensors; build the folder with build_mar.sh, which converts them with "
+                              "torch.load(weights_only=True)")
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "colbert_linear.safetensors"), "pt") as weights:
+        shape = weights.get_slice("weight").get_shape()
+    return M3Heads(colbert_dimension=int(shape[0]))
 
 
 # The modules of sentence-transformers' SparseEncoder pipelines.

@@ -28,7 +28,7 @@ class SpladePooler(torch.nn.Module):
         self.pooling = pooling
         self.chunk_values = chunk_values
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         batch, length, _ = hidden.shape
         vocabulary = self.pooling.vocabulary
         out = torch.zeros((batch, vocabulary), dtype=torch.float32, device=hidden.device)

@@ -59,6 +59,9 @@ class TextTokenizer:
                 [normalizers.Lowercase(), *([current] if current is not None else [])])
         self.ascii_backend = self._ascii_backend(lowercase)
         self.special_ids = frozenset(hf_tokenizer.all_special_ids)
+        # The named special tokens' ids, by role ("cls", "eos", "pad", "unk", ...).
+        self.role_ids = {role.removesuffix("_token"): hf_tokenizer.convert_tokens_to_ids(token)
+                         for role, token in hf_tokenizer.special_tokens_map.items() if isinstance(token, str)}
         self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
         self.model_max_length = hf_tokenizer.model_max_length
         pad_id = hf_tokenizer.pad_token_id

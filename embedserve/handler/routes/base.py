@@ -45,16 +45,19 @@ def parsing(route: Route, parse: Callable[..., Any]) -> Parse:
 
 
 def embedding_request(route: Route, body: Any, content_type: str | None, method: str | None, *,
-                      allow_token_ids: bool, tei_body: bool = False) -> EmbeddingRequest:
+                      allow_token_ids: bool, tei_body: bool = False,
+                      extend: Callable[[EmbeddingRequest, dict[str, Any]], Any] | None = None) -> Any:
     """An embedding route's body: one text (a text/* body), or a JSON object with the inputs under
     `input` (`inputs` on TEI's routes) and the options. `tei_body`: a body with `inputs` and no
     `input` is TEI's /embed (Hugging Face clients post TEI bodies to the bare model URL). Errors
-    come in the shape of the route the body turned out to be for."""
+    come in the shape of the route the body turned out to be for. `extend` reads what a task adds
+    to the request from the JSON body (a text/plain body: from an empty one)."""
     try:
         check_method(method)
         payload = decode_body(body, content_type)
         if isinstance(payload, str) and is_text(content_type):
-            return EmbeddingRequest(route, (check_text(payload, "body"),), field="body")
+            request = EmbeddingRequest(route, (check_text(payload, "body"),), field="body")
+            return extend(request, {}) if extend else request
         if not isinstance(payload, dict):  # a JSON string is not a text/plain body
             raise malformed("request body must be a JSON object", param="body")
         if tei_body and "input" not in payload and "inputs" in payload:
@@ -62,8 +65,9 @@ def embedding_request(route: Route, body: Any, content_type: str | None, method:
         name = "inputs" if route.tei else "input"
         if name not in payload:
             raise malformed(f"missing required field '{name}'", param=name)
-        return EmbeddingRequest(route, parse_inputs(payload[name], name, allow_token_ids=allow_token_ids),
-                                parse_options(payload), field=name)
+        request = EmbeddingRequest(route, parse_inputs(payload[name], name, allow_token_ids=allow_token_ids),
+                                   parse_options(payload), field=name)
+        return extend(request, payload) if extend else request
     except RequestError as err:
         err.tei = route.tei
         raise

@@ -100,7 +100,7 @@ def _options(model: ServedModel, tei: bool) -> dict[str, Any]:
 
 
 def schemas(model: ServedModel) -> dict[str, Any]:
-    if model.task is not Task.SPARSE:
+    if model.task not in (Task.SPARSE, Task.HYBRID):  # a hybrid model answers sparse vectors too
         return {}
     entry = {"type": "object", "required": ["index", "value"], "additionalProperties": False,
              "properties": {"index": {"type": "integer", "minimum": 0, "maximum": model.dimension - 1},

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -98,6 +98,31 @@ def sparse_answer_bytes(entries: int, rows: int, model_name: str = "") -> int:
     return entries * _ENTRY_JSON_BYTES + rows * _ROW_OVERHEAD_BYTES + _LIST_OVERHEAD_BYTES + len(model_name)
 
 
+def sparse_vectors(request: Any, options: SparseOptions, rows: list[np.ndarray], tokens: int,
+                   token_name: Callable[[int], str], model_name: str, max_bytes: int) -> SparseVectors:
+    """Each row's entries ((2, entries): ids over weights) over the threshold, the largest
+    max_active_dims of them, by id; 413 where the answer would be over `max_bytes`."""
+    ids, weights = [], []
+    for row in rows:
+        keep = row[1] >= options.threshold if options.threshold > 0 else slice(None)
+        row_ids, row_weights = row[0][keep].astype(np.int64), row[1][keep]
+        if options.max_active_dims is not None and len(row_ids) > options.max_active_dims:
+            largest = np.sort(np.argpartition(-row_weights, options.max_active_dims - 1)[:options.max_active_dims])
+            row_ids, row_weights = row_ids[largest], row_weights[largest]
+        ids.append(row_ids)
+        weights.append(np.ascontiguousarray(row_weights))
+    names = [[token_name(i) for i in row.tolist()] for row in ids] if options.sparse_format == "tokens" else None
+    entries = sum(len(row) for row in ids)
+    answer = sparse_answer_bytes(entries, len(ids), model_name) + \
+        (6 * sum(len(name) for row in names for name in row) if names else 0)
+    if answer > max_bytes:
+        raise too_large(f"'{request.field}' has {len(ids)} inputs, whose {entries} sparse entries take about "
+                        f"{answer} bytes; the server sends at most max_response_bytes={max_bytes} per answer: send "
+                        "fewer inputs per request, or a 'max_active_dims' or 'threshold' to keep fewer entries",
+                        param=request.field)
+    return SparseVectors(ids, weights, tokens, names)
+
+
 class SparseTask(EmbedTask):
     """The embed task's preparation, with a sparse answer: its size bound and its result."""
     task = Task.SPARSE
@@ -124,28 +149,8 @@ class SparseTask(EmbedTask):
         return results
 
     def _result(self, job: Job, rows: list[np.ndarray]) -> SparseVectors:
-        """Each row's entries over the threshold, the largest max_active_dims of them, by id."""
-        request: SparseRequest = job.request
-        options = request.options
-        ids, weights = [], []
-        for row in rows:  # (2, entries): ids over weights
-            keep = row[1] >= options.threshold if options.threshold > 0 else slice(None)
-            row_ids, row_weights = row[0][keep].astype(np.int64), row[1][keep]
-            if options.max_active_dims is not None and len(row_ids) > options.max_active_dims:
-                largest = np.sort(np.argpartition(-row_weights, options.max_active_dims - 1)[:options.max_active_dims])
-                row_ids, row_weights = row_ids[largest], row_weights[largest]
-            ids.append(row_ids)
-            weights.append(np.ascontiguousarray(row_weights))
-        names = [[self._token(i) for i in row.tolist()] for row in ids] if options.sparse_format == "tokens" else None
-        entries = sum(len(row) for row in ids)
-        answer = sparse_answer_bytes(entries, len(ids), self.checks.model_name) + \
-            (6 * sum(len(name) for row in names for name in row) if names else 0)
-        if answer > self.settings.max_response_bytes:
-            raise too_large(f"'{request.field}' has {len(ids)} inputs, whose {entries} sparse entries take about "
-                            f"{answer} bytes; the server sends at most max_response_bytes="
-                            f"{self.settings.max_response_bytes} per answer: send fewer inputs per request, or a "
-                            "'max_active_dims' or 'threshold' to keep fewer entries", param=request.field)
-        return SparseVectors(ids, weights, job.tokens, names)
+        return sparse_vectors(job.request, job.request.options, rows, job.tokens, self._token, self.checks.model_name,
+                              self.settings.max_response_bytes)
 
     def _token(self, token_id: int) -> str:
         return self.tokenizer.backend.id_to_token(token_id) or str(token_id)
