@@ -134,14 +134,17 @@ def build(args: argparse.Namespace) -> Path:
             if config["handler"]["engine"] == "onnxruntime" and not outcome.startswith("exported"):
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
         frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None,
-                                   sparse=sparse is not None, hybrid=description.m3 is not None)
+                                   sparse=sparse is not None,
+                                   hybrid=description.m3 is not None or description.multi_vector is not None)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if scoring:
             print(f"a {scoring.task} model ({len(scoring.labels)} label(s), {scoring.activation}); bfloat16 CPU "
                   "engines: not checked for scoring models, CPU workers serve float32", file=sys.stderr)
-        elif description.m3:
-            print("a hybrid model (dense, sparse and ColBERT outputs, bge-m3); bfloat16 CPU engines: not checked for "
-                  "hybrid models, CPU workers serve float32", file=sys.stderr)
+        elif description.m3 or description.multi_vector:
+            kind = "a hybrid model (dense, sparse and ColBERT outputs, bge-m3)" if description.m3 else \
+                "a multi-vector model (ColBERT: a vector per token, MaxSim)"
+            print(f"{kind}; bfloat16 CPU engines: not checked for {description.task} models, CPU workers serve float32",
+                  file=sys.stderr)
         elif not sparse:  # a sparse model said why above
             check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
@@ -199,8 +202,9 @@ def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = Fa
       rerank answer may echo back (beyond it, 413 asks for them not to be); for a sparse model,
       SPARSE_ENTRIES entries an input (a trained SPLADE model keeps a few hundred: an answer over
       the handler's bound is its 413, naming max_active_dims); for a hybrid model, HYBRID_ANSWERS
-      times the dense answer, room for its sparse and ColBERT outputs (ColBERT's grow with the
-      tokens: an answer over the bound is its 413, naming base64 and smaller dtypes);
+      times the dense answer, room for its sparse and ColBERT outputs, and as much for a
+      multi-vector model's token vectors (they grow with the tokens: an answer over the bound is
+      its 413, naming base64 and smaller dtypes);
     - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
       digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
     settings = Settings.from_mapping(handler)

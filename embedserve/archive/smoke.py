@@ -59,7 +59,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         f"prompts: {prompts}; default: {text_task.default_prompt!r}",
         f"max length: {text_task.max_length} tokens"
         + (f" (the architecture allows {engine.encoder.max_positions})" if engine.encoder.max_positions else ""),
-        f"dimension: {engine.encoder.dimension}" if engine.task in (Task.EMBED, Task.SPARSE, Task.HYBRID) else
+        f"dimension: {engine.encoder.dimension}" if engine.task is not Task.RERANK and engine.task is not Task.CLASSIFY
+        else
         f"task: {engine.task}, labels: {', '.join(engine.work.scoring.labels)}",
     ]
     if settings.pooling != "auto" or settings.prompt:
@@ -71,6 +72,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         return lines + ["sentence-transformers: not installed, not compared"]
     if engine.task is Task.SPARSE:
         return lines + [_compare_sparse(engine, model_dir)]
+    if engine.task is Task.MULTI_VECTOR:
+        return lines + [_compare_multi_vector(engine, model_dir)]
     if engine.task is Task.HYBRID:
         return lines + [_compare(engine, model_dir, int8=False), _compare_m3(engine, model_dir)]
     if engine.task is not Task.EMBED:
@@ -111,6 +114,41 @@ def _compare_scores(engine, model_dir: Path) -> str:
         raise SmokeError(f"the served scores differ from CrossEncoder.predict's by {worst:.1e} (> "
                          f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
     return line
+
+
+def _compare_multi_vector(engine, model_dir: Path) -> str:
+    """The served token vectors (queries, documents, neither) against MultiVectorEncoder's
+    encode_query, encode_document and encode, and the served MaxSim ranking against its similarity."""
+    from sentence_transformers import MultiVectorEncoder
+
+    try:
+        reference = MultiVectorEncoder(str(model_dir), device="cpu", local_files_only=True)
+    except Exception as err:
+        return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
+    cosines = []
+    for kind, encode in (("query", reference.encode_query), ("document", reference.encode_document),
+                         (None, reference.encode)):
+        want = encode(list(TEXTS), convert_to_numpy=True)
+        answer = _answer(engine, {"input": list(TEXTS), **({"input_type": kind} if kind else {})})["data"]
+        for item, expected in zip(answer, want):
+            got = np.asarray(item["embedding"], dtype=np.float64).reshape(-1, expected.shape[1])
+            if got.shape != expected.shape:
+                raise SmokeError(f"the served token vectors ({kind or 'no input type'}) have {len(got)} tokens where "
+                                 f"MultiVectorEncoder gives {len(expected)}; refusing to build a model that would be "
+                                 "served wrong")
+            cosines.extend((got * expected).sum(1) / np.linalg.norm(got, axis=1).clip(1e-12)
+                           / np.linalg.norm(expected, axis=1).clip(1e-12))
+    query, documents = TEXTS[0], list(TEXTS)
+    scores = reference.similarity(reference.encode_query([query]), reference.encode_document(documents))[0]
+    ranked = _answer(engine, {"query": query, "texts": documents}, "rerank")
+    worst = max(abs(item["score"] - float(scores[item["index"]])) for item in ranked)
+    least = float(min(cosines))
+    if not (least >= MIN_COSINE and worst <= 1e-3):
+        raise SmokeError(f"the served token vectors or MaxSim scores differ from MultiVectorEncoder's (min cosine "
+                         f"{least:.6f}, score difference {worst:.1e}); refusing to build a model that would be served "
+                         "wrong")
+    return f"sentence-transformers MultiVectorEncoder: min cosine {least:.6f} over {len(cosines)} token vectors, " \
+           f"MaxSim max difference {worst:.1e}"
 
 
 def _compare_sparse(engine, model_dir: Path) -> str:

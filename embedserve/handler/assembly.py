@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from embedserve.handler.api.server import PLAIN, ServerProfile
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.execution.calibration import Speed
-from embedserve.handler.execution.encoder import DenseRows, Encoder, HybridRows, SparseRows, finite_rows
+from embedserve.handler.execution.encoder import DenseRows, Encoder, HybridRows, SparseRows, TokenRows, finite_rows
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer
@@ -39,6 +39,7 @@ from embedserve.handler.settings import Settings
 from embedserve.handler.tasks.base import RequestChecks, TaskSlice
 from embedserve.handler.tasks.embed import EmbedTask
 from embedserve.handler.tasks.hybrid import HybridTask
+from embedserve.handler.tasks.multi_vector import MultiVectorTask
 from embedserve.handler.tasks.score import ScoreTask
 from embedserve.handler.tasks.sparse import SparseTask
 from embedserve.handler.worker.cpu_lending import CpuLending
@@ -114,10 +115,12 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         scoring=model.scoring,
         sparse=model.sparse,
         m3=model.m3,
+        multi_vector=model.multi_vector is not None,
     )
     # bge-m3's sparse weights leave out the tokenizer's cls, eos, pad and unk tokens, as FlagEmbedding does.
     unused = frozenset(tokenizer.role_ids[role] for role in ("cls", "eos", "pad", "unk") if role in tokenizer.role_ids)
-    rows = SparseRows if model.sparse else partial(HybridRows, unused=unused) if model.m3 else DenseRows
+    rows = SparseRows if model.sparse else partial(HybridRows, unused=unused) if model.m3 else \
+        TokenRows if model.multi_vector else DenseRows
     encoder = _open_encoder(model_dir, settings, placement, parts, rows)
     default_prompt = settings.prompt or model.prompts.get(model.default_prompt_name or "", "")
     # Everything that changes a vector for the same token ids: weights (the revision hashes
@@ -127,7 +130,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         else f"{placement.dtype}:{runs['engine']}"
     dtype += f":{runs['layout']}"
     # A sparse or hybrid model's rows are entries and token vectors of any count: the cache keeps dense rows only.
-    cache = None if model.sparse or model.m3 else open_cache(
+    cache = None if model.sparse or model.m3 or model.multi_vector else open_cache(
         settings, model_name=model_name, dimension=encoder.dimension,
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
@@ -137,6 +140,8 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     work: TaskSlice = text
     if model.task is Task.SPARSE:
         work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True)
+    elif model.task is Task.MULTI_VECTOR:
+        work = MultiVectorTask(checks, model.multi_vector, model.prompts)
     elif model.task is Task.HYBRID:
         work = HybridTask(checks, prompts=model.prompts, default_prompt=default_prompt,
                           include_prompt=encoder.pooling.include_prompt)

@@ -16,6 +16,7 @@ class Route(Enum):
     OPENAI = "v1/embeddings"
     TEI_EMBED = "embed"
     TEI_EMBED_SPARSE = "embed_sparse"
+    TEI_EMBED_ALL = "embed_all"
     TEI_SIMILARITY = "similarity"
     TEI_TOKENIZE = "tokenize"
     TEI_INFO = "info"
@@ -32,7 +33,7 @@ class Route(Enum):
         return self in _TEI_ROUTES
 
 
-_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_EMBED_SPARSE, Route.TEI_SIMILARITY, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK,
+_TEI_ROUTES = frozenset((Route.TEI_EMBED, Route.TEI_EMBED_SPARSE, Route.TEI_EMBED_ALL, Route.TEI_SIMILARITY, Route.TEI_TOKENIZE, Route.TEI_INFO, Route.TEI_RERANK,
                          Route.TEI_PREDICT))
 _BY_PATH = {route.value: route for route in Route}
 

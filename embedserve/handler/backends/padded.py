@@ -93,6 +93,9 @@ class PaddedBackend:
         starts = np.fromiter((row.second for row in rows), dtype=np.int64, count=len(rows))
         if starts.any():
             mask[real & (starts[:, None] > 0) & (positions >= starts[:, None])] = TokenRole.SECOND
+        expansion = np.fromiter((row.expansion for row in rows), dtype=np.int64, count=len(rows))
+        if expansion.any():
+            mask[real & (positions >= (sizes - expansion)[:, None])] = TokenRole.EXPANSION
         return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device))
 
     def run(self, inputs: PaddedInputs, *, eager: bool = False) -> torch.Tensor:
@@ -102,7 +105,8 @@ class PaddedBackend:
 
     def pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The eager pass: (batch, seq) ids and pooling mask -> (batch, dimension) float32."""
-        attention = mask.clamp(max=1)  # prompt tokens left out of pooling are still attended to
+        # Prompt tokens left out of pooling are still attended to; expansion tokens and padding are not.
+        attention = mask.clamp(min=0, max=1)
         segments = (mask == TokenRole.SECOND).to(ids.dtype) if self.segments else None
         hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
         if self.token_pooling is not None:

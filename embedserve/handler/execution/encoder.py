@@ -75,6 +75,22 @@ class SparseRows:
         return self.rows
 
 
+class TokenRows:
+    """A batch's per-token outputs (a multi-vector model, model/multi_vector.py): a (tokens,
+    dimension) float32 array per item, its tokens in order."""
+
+    def __init__(self, items: int, dimension: int, device: torch.device):
+        self.rows = [np.zeros((0, dimension), dtype=np.float32)] * items
+
+    def put(self, indices: Sequence[int], rows: Any) -> None:
+        vectors, lengths = Encoder.to_host(rows.vectors).numpy(), Encoder.to_host(rows.lengths).numpy()
+        for index, row, length in zip(indices, vectors, lengths):
+            self.rows[index] = row[:int(length)].copy()
+
+    def result(self) -> list[np.ndarray]:
+        return self.rows
+
+
 class HybridVectors(NamedTuple):
     """A batch's bge-m3 outputs, item by item: dense rows, sparse entries ((2, entries) float32:
     token ids over weights, merged by id) and ColBERT vectors ((tokens - 1, dimension) float32)."""

@@ -42,6 +42,7 @@ from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling
 from embedserve.handler.model.head import load_head, logit_score_head
 from embedserve.handler.model.m3 import M3Pooler, load_m3_heads
+from embedserve.handler.model.multi_vector import MultiVectorPooler
 from embedserve.handler.model.sparse import SpladePooler, masked_lm_parts
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model
@@ -68,6 +69,7 @@ class ModelParts:
     scoring: Scoring | None = None  # a reranker's or classifier's head: logits, no pooling
     sparse: SparsePooling | None = None  # a SPLADE model's pooling of its vocabulary logits
     m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
+    multi_vector: bool = False  # a vector per token (ColBERT): the head runs on every token
 
 
 @dataclass
@@ -161,6 +163,8 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     padded_parts: dict[str, Any] = dict(modes=modes, head=head, pad_id=parts.pad_id,
                                         pad_multiple=placement.pad_multiple, device=placement.device,
                                         segments=bool(scoring and scoring.segments))
+    if parts.multi_vector:  # ColBERT: the Dense modules on every token's state, after any engine's transformer
+        padded_parts["token_pooling"] = MultiVectorPooler(head)
     if parts.m3:  # bge-m3: its heads read every token's state, after any engine's transformer
         padded_parts["token_pooling"] = M3Pooler(modes, head, *load_m3_heads(model_dir, parts.m3, hidden,
                                                                              placement.device))
@@ -184,13 +188,13 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
         torch_transformer = TorchTransformer(model)
         padded = PaddedBackend(torch_transformer, facts={"engine": engine, "attention": torch_transformer.attention},
                                **padded_parts)
-        if placement.packed and (own_head or sparse or parts.m3):
+        if placement.packed and (own_head or sparse or parts.m3 or parts.multi_vector):
             backend, reasons["layout"] = padded, "padded: packed passes pool token states with the Pooling modes; " \
                                                  "this model's head reads its own"
         else:
             backend, reasons["layout"] = _layout(padded, torch_transformer.model, placement, parts, head) \
                 if placement.packed else (padded, "padded: the default")
-        if placement.cuda_graphs and (sparse or parts.m3):
+        if placement.cuda_graphs and (sparse or parts.m3 or parts.multi_vector):
             reasons["cuda_graphs"] = "none: a sparse or hybrid model's passes run eagerly (outputs per token)"
         elif placement.cuda_graphs:
             with torch.inference_mode():

@@ -44,6 +44,7 @@ class Task(StrEnum):
     CLASSIFY = "classify"
     SPARSE = "sparse"  # a weight per vocabulary token (SPLADE)
     HYBRID = "hybrid"  # dense, sparse and multi-vector outputs from one pass (bge-m3)
+    MULTI_VECTOR = "multi_vector"  # a vector per token, scored by MaxSim (ColBERT)
 
 
 class ModelFilesError(ValueError):
@@ -139,6 +140,29 @@ class M3Heads:
 
 
 @dataclass(frozen=True)
+class QueryExpansion:
+    """A ColBERT query padded with the mask token up to `length` tokens ("fixed": exactly, longer
+    queries cut; "min": at least), the padding attended to or not."""
+    strategy: str  # "fixed" or "min"
+    length: int
+    attend: bool
+    token: str | None = None  # the padding token; None: the tokenizer's mask token, else its eos token
+
+
+@dataclass(frozen=True)
+class MultiVector:
+    """A sentence-transformers MultiVectorEncoder (ColBERT): per input, a vector per token (the
+    Transformer's states through its Dense modules, L2-normalized), queries and documents told
+    apart by their prompts, lengths, query expansion and the skiplist (MultiVectorMask)."""
+    query_length: int | None
+    document_length: int | None
+    expansion: QueryExpansion | None
+    skiplist_words: tuple[str, ...]
+    skiplist_tasks: tuple[str, ...]  # "query", "document": where the skiplist applies (no task counts as document)
+    similarity: str  # "maxsim", or "meanmaxsim" (divided by the query's tokens)
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
     hidden_size: int  # the transformer's output width
@@ -152,9 +176,12 @@ class ModelDescription:
     scoring: Scoring | None = None  # a reranker's or classifier's head; None for an embedding model
     sparse: SparsePooling | None = None  # a SPLADE model's pooling; None for a dense one
     m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
+    multi_vector: MultiVector | None = None  # a ColBERT model's token pipeline
 
     @property
     def task(self) -> Task:
+        if self.multi_vector:
+            return Task.MULTI_VECTOR
         if self.sparse:
             return Task.SPARSE
         if self.m3:
@@ -170,6 +197,8 @@ class ModelDescription:
             return self
         if self.sparse:
             return replace(self, pooling=Pooling((self.sparse.name,)))
+        if self.multi_vector:  # every token is an output: nothing to pool
+            return replace(self, pooling=Pooling(("none: a vector per token",)))
         pooling = self.pooling or Pooling(("mean",))
         if pooling_setting != "auto":
             pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)
@@ -198,6 +227,10 @@ class ModelDescription:
             return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
         if self.sparse:
             return ["Transformer(masked LM)", self.sparse.name]
+        if self.multi_vector:
+            skip = f"MultiVectorMask({len(self.multi_vector.skiplist_words)} skiplist words)"
+            return ["Transformer", *(describe_head_module(m) for m in self.head if m.kind != "Normalize"), skip,
+                    "Normalize(per token)", self.multi_vector.similarity]
         pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
             if self.pooling else []
         return ["Transformer", *pooling, *(describe_head_module(m) for m in self.head), *(self.m3.modules if self.m3

@@ -30,8 +30,8 @@ from typing import Any
 
 from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES, POOLING_FLAGS, POOLING_MODES,
                                                   SPARSE_ACTIVATIONS, SPARSE_STRATEGIES, ChatFormat, HeadModule,
-                                                  LogitScore, M3Heads, ModelDescription, ModelFilesError, Pooling,
-                                                  Scoring, SparsePooling)
+                                                  LogitScore, M3Heads, ModelDescription, ModelFilesError, MultiVector,
+                                                  Pooling, QueryExpansion, Scoring, SparsePooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 
 _MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
@@ -54,8 +54,9 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
     scoring = _read_scoring(model_dir, config)
     sparse = None if scoring else _read_sparse(model_dir, config)
-    pooling, head = (None, ()) if scoring or sparse else _read_pipeline(model_dir)
-    m3 = None if scoring or sparse else _read_m3(model_dir)
+    multi_vector, token_head = (None, ()) if scoring or sparse else _read_multi_vector(model_dir)
+    pooling, head = (None, token_head) if scoring or sparse or multi_vector else _read_pipeline(model_dir)
+    m3 = None if scoring or sparse or multi_vector else _read_m3(model_dir)
     if scoring and scoring.logit_score:  # the score is read at the last token
         pooling = Pooling(("last_token",))
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
@@ -74,6 +75,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         scoring=scoring,
         sparse=sparse,
         m3=m3,
+        multi_vector=multi_vector,
     )
 
 
@@ -185,6 +187,54 @@ def _read_m3(model_dir: Path) -> M3Heads | None:
     with safe_open(str(model_dir / "colbert_linear.safetensors"), "pt") as weights:
         shape = weights.get_slice("weight").get_shape()
     return M3Heads(colbert_dimension=int(shape[0]))
+
+
+def _read_multi_vector(model_dir: Path) -> tuple[MultiVector | None, tuple[HeadModule, ...]]:
+    """A sentence-transformers 6 MultiVectorEncoder's token pipeline (Transformer, Dense modules,
+    MultiVectorMask, Normalize) and its Dense and Normalize modules; (None, ()) for another model.
+    Older ColBERT layouts (PyLate's, Stanford's) and token pooling modules are refused by name."""
+    modules_file = model_dir / "modules.json"
+    st_config = _read_json(model_dir / "config_sentence_transformers.json") if (
+        model_dir / "config_sentence_transformers.json").is_file() else {}
+    modules = sorted(_read_json(modules_file), key=lambda m: int(m.get("idx", 0))) if modules_file.is_file() else []
+    kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
+    if st_config.get("model_type") == "ColBERT":
+        raise ModelFilesError(f"{model_dir}: a PyLate ColBERT folder (model_type ColBERT); only sentence-transformers "
+                              "6 MultiVectorEncoder folders are served (load it with MultiVectorEncoder and save it)")
+    if st_config.get("model_type") != "MultiVectorEncoder" and "MultiVectorMask" not in kinds:
+        return None, ()
+    denses = kinds[1:kinds.index("MultiVectorMask")] if "MultiVectorMask" in kinds else []
+    if kinds[:1] != ["Transformer"] or modules[0].get("path") or set(denses) - {"Dense"} \
+            or kinds[1 + len(denses):] != ["MultiVectorMask", "Normalize"]:
+        raise ModelFilesError(f"{modules_file}: a multi-vector encoder with modules {kinds}; supported: Transformer, "
+                              "Dense modules, MultiVectorMask, Normalize (token pooling modules are not served)")
+    head = []
+    for position, module in enumerate(modules[1:1 + len(denses)], start=1):
+        folder = str(module.get("path") or "")
+        config = _read_json(model_dir / folder / "config.json")
+        head.append(check_head_module(HeadModule("Dense", folder, config), f"modules.json module {position}",
+                                      feature="token_embeddings"))
+    mask_folder = model_dir / str(modules[1 + len(denses)].get("path") or "")
+    mask = _read_json(mask_folder / "config.json") if (mask_folder / "config.json").is_file() else {}
+    if mask.get("keep_only_token_ids"):
+        raise ModelFilesError(f"{mask_folder}: keep_only_token_ids (image patches) is not served")
+    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
+        model_dir / "sentence_bert_config.json").is_file() else {}
+    expansion = transformer.get("query_expansion")
+    if expansion is not None and (not isinstance(expansion, dict) or expansion.get("strategy") not in ("fixed", "min")
+                                  or not isinstance(expansion.get("length"), int)):
+        raise ModelFilesError(f"{model_dir / 'sentence_bert_config.json'}: query_expansion {expansion!r} is not "
+                              "{strategy: fixed|min, length, attend, token}")
+    similarity = st_config.get("similarity_fn_name") or "maxsim"
+    if similarity not in ("maxsim", "meanmaxsim"):
+        raise ModelFilesError(f"{model_dir}: similarity_fn_name {similarity!r}; supported: maxsim, meanmaxsim")
+    return MultiVector(
+        query_length=transformer.get("query_length"), document_length=transformer.get("document_length"),
+        expansion=QueryExpansion(expansion["strategy"], expansion["length"], bool(expansion.get("attend", False)),
+                                 expansion.get("token")) if expansion else None,
+        skiplist_words=tuple(mask.get("skiplist_words") or ()),
+        skiplist_tasks=tuple(mask.get("skiplist_tasks") or ("document",)), similarity=similarity), \
+        (*head, HeadModule("Normalize", str(modules[-1].get("path") or "")))
 
 
 # The modules of sentence-transformers' SparseEncoder pipelines.

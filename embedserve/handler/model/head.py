@@ -142,11 +142,13 @@ def _lm_head_rows(model_dir: Path, rows: list[int]) -> tuple[torch.Tensor, torch
                           "LogitScore needs the logits of its true and false tokens")
 
 
-def check_head_module(module: HeadModule, where: str) -> HeadModule:
+def check_head_module(module: HeadModule, where: str, feature: str = SENTENCE_EMBEDDING) -> HeadModule:
+    """The module, checked to read and write `feature` (the pooled vector; a multi-vector model's
+    Dense modules work on each token's, "token_embeddings") and to name what it needs."""
     config = module.config
     for key in ("module_input_name", "module_output_name"):
-        if config.get(key, SENTENCE_EMBEDDING) not in (SENTENCE_EMBEDDING, None):
-            raise ModelFilesError(f"{where}: {key} '{config[key]}' works on token embeddings; not supported")
+        if config.get(key, feature) not in (feature, None):
+            raise ModelFilesError(f"{where}: {key} '{config[key]}' is not '{feature}'; not supported")
     if module.kind == "Dense":
         for key in ("in_features", "out_features"):
             if not isinstance(config.get(key), int):

@@ -19,6 +19,9 @@ class TokenRole(IntEnum):
     POOLED = 1  # a token the model attends to and pooling uses
     PROMPT = 2  # a prompt token the model attends to but pooling leaves out (include_prompt: false)
     SECOND = 3  # a token of a pair's second text (token type 1), for scoring models, which do not pool
+    # A query expansion token (ColBERT's [MASK] padding) the model computes and returns but no token
+    # attends to: negative, so that the attention mask (the roles clamped to 0..1) leaves it out.
+    EXPANSION = -1
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class ModelInput:
     ids: Sequence[int]  # the model's input ids, special tokens included
     unpooled: int = 0  # leading tokens pooling leaves out (an excluded prompt)
     second: int = 0  # where a pair's second text starts (token type 1); 0: a single text
+    expansion: int = 0  # trailing query expansion tokens no token attends to (TokenRole.EXPANSION)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -110,7 +110,7 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
 def _model_type(model: ModelDescription) -> Any:
     """TEI's model_type: "embedding" (sparse and hybrid ones too, as TEI says of SPLADE), or
     {"reranker"|"classifier": {"id2label": ...}}."""
-    if model.task in (Task.EMBED, Task.SPARSE, Task.HYBRID):
+    if model.task in (Task.EMBED, Task.SPARSE, Task.HYBRID, Task.MULTI_VECTOR):
         return "embedding"
     kind = "reranker" if model.task is Task.RERANK else "classifier"
     return {kind: {"id2label": {str(i): label for i, label in enumerate(model.scoring.labels)}}}

@@ -8,14 +8,15 @@ from __future__ import annotations
 from embedserve.handler.api.errors import not_found
 from embedserve.handler.api.route import Route, split_path
 from embedserve.handler.model.description import Task
-from embedserve.handler.routes import cohere, hybrid, native, openai, sparse, tei
+from embedserve.handler.routes import cohere, hybrid, multi_vector, native, openai, sparse, tei
 from embedserve.handler.routes.base import RouteSpec, describing
 from embedserve.handler.routes.describe import docs_operations, openapi_operations
 
 ROUTES: dict[Route, RouteSpec] = {spec.route: spec for spec in (
     *native.ROUTES, *openai.ROUTES, *tei.ROUTES, *cohere.ROUTES, describing(Route.OPENAPI, openapi_operations),
     describing(Route.DOCS, docs_operations))}
-TASK_ROUTES: dict[tuple[Route, Task], RouteSpec] = {(spec.route, task): spec for spec in (*sparse.ROUTES, *hybrid.ROUTES)
+TASK_ROUTES: dict[tuple[Route, Task], RouteSpec] = {(spec.route, task): spec for spec in (*sparse.ROUTES, *hybrid.ROUTES,
+                                                                                *multi_vector.ROUTES)
                                                     for task in spec.tasks}
 assert set(ROUTES) | {route for route, _ in TASK_ROUTES} == set(Route), "every path has its family"
 

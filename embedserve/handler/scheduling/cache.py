@@ -143,6 +143,8 @@ class EmbeddingCache:
             digest.update(b"|unpooled:%d" % item.unpooled)
         if item.second:
             digest.update(b"|second:%d" % item.second)
+        if item.expansion:
+            digest.update(b"|expansion:%d" % item.expansion)
         return digest.digest()
 
     def lookup(self, keys: Sequence[bytes]) -> Lookup:

@@ -1,0 +1,206 @@
+"""The multi-vector task (ColBERT, a sentence-transformers MultiVectorEncoder): texts in, a vector
+per token out; or a query and documents in, their MaxSim scores out.
+
+Each input is a query, a document, or neither (`input_type`), as MultiVectorEncoder's
+encode_query, encode_document and encode tell them apart:
+- its prompt ("[Q] ", "[D] ": the folder's prompts of those names), tokenized with the text;
+- its length: query_length, document_length, else the model's max length;
+- a query's expansion: padded with the mask token up to the expansion length, those tokens
+  attended to or not (`attend`), and returned either way;
+- the skiplist (punctuation): its tokens are left out of the answer for the input types the folder
+  names (documents, and inputs of no type, by default).
+
+MaxSim: for each query token, the largest dot product with a document token, summed over the
+query's tokens (in float32; "meanmaxsim" divides by their count); a document with no token
+scores -1e9, as sentence-transformers scores it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from embedserve.handler.api.codec import option_value
+from embedserve.handler.api.errors import RequestError, internal_error
+from embedserve.handler.api.quantize import quantize
+from embedserve.handler.api.route import Route
+from embedserve.handler.model.description import MultiVector, Task
+from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.scheduling.admission import WorkBudget
+from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes
+from embedserve.handler.worker.failures import log_failure
+
+INPUT_TYPES = ("query", "document")
+EMPTY_DOCUMENT_SCORE = -1e9
+
+# The options of a multi-vector request, as OPTION_TYPES lists the embed task's.
+MULTI_VECTOR_OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
+    **{key: OPTION_TYPES[key] for key in ("truncate", "truncation_direction", "output_dtype", "encoding_format")},
+    "input_type": (str, INPUT_TYPES),
+}
+
+
+@dataclass(frozen=True)
+class MultiVectorOptions:
+    truncate: bool | None = None  # None: the server's setting
+    truncation_direction: str = "right"
+    output_dtype: str = "float"
+    encoding_format: str = "float"
+    input_type: str | None = None  # query, document, or neither (encode's own)
+
+
+@dataclass(frozen=True)
+class MultiVectorRequest:
+    route: Route
+    inputs: tuple[str, ...] = ()
+    options: MultiVectorOptions = field(default_factory=MultiVectorOptions)
+    field: str = "input"
+    scoring: bool = False  # input 0 is a query, the others documents: answer their MaxSim scores
+    return_text: bool = False  # a scoring answer echoes the documents
+
+    def param(self, index: int) -> str:
+        if self.scoring:
+            return "query" if index == 0 else f"{self.field}[{index - 1}]"
+        return f"{self.field}[{index}]"
+
+    def input_type(self, index: int) -> str | None:
+        if self.scoring:
+            return "query" if index == 0 else "document"
+        return self.options.input_type
+
+
+@dataclass(frozen=True)
+class TokenEmbeddings:
+    """Per input, its token vectors ((tokens, dimension), in the requested dtype)."""
+    vectors: list[np.ndarray]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class MaxSimScores:
+    """Each document's MaxSim score against the query, by document index."""
+    scores: np.ndarray  # float32, (documents,)
+    tokens: int
+
+
+def parse_multi_vector_options(payload: dict[str, Any]) -> MultiVectorOptions:
+    values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
+              for key, (kind, choices) in MULTI_VECTOR_OPTION_TYPES.items()}
+    return MultiVectorOptions(**{key: value for key, value in values.items() if value is not None})
+
+
+def maxsim(query: np.ndarray, document: np.ndarray, mean: bool = False) -> np.float32:
+    if not len(document):
+        return np.float32(EMPTY_DOCUMENT_SCORE)
+    best = (query @ document.T).max(axis=1).astype(np.float32)
+    total = best.sum(dtype=np.float32)
+    return np.float32(total / len(query)) if mean else total
+
+
+class MultiVectorTask:
+    task = Task.MULTI_VECTOR
+
+    def __init__(self, checks: RequestChecks, model: MultiVector, prompts: dict[str, str]):
+        self.checks = checks
+        self.settings = checks.settings
+        self.tokenizer = checks.tokenizer
+        self.model = model
+        self.prompts = {kind: prompts.get(kind, "") for kind in INPUT_TYPES}
+        self._prompt_tokens = {kind: self.tokenizer.prompt_length(text) for kind, text in self.prompts.items()}
+        self.skip_ids = np.fromiter((i for word in model.skiplist_words
+                                     if (i := self.tokenizer.backend.token_to_id(word)) is not None), dtype=np.int64)
+        roles = self.tokenizer.role_ids
+        expansion = model.expansion
+        token = expansion.token if expansion else None
+        self.expansion_id = self.tokenizer.backend.token_to_id(token) if token else roles.get("mask", roles.get("eos"))
+
+    def max_length(self, input_type: str | None) -> int:
+        """Tokens an input of this type keeps (special and prompt tokens included)."""
+        model, limit = self.model, self.checks.max_length
+        if input_type == "document":
+            return min(model.document_length or limit, limit)
+        if input_type == "query":
+            expansion = model.expansion
+            if expansion and expansion.strategy == "fixed":
+                return min(expansion.length, limit)
+            length = model.query_length or limit
+            return min(max(length, expansion.length) if expansion and model.query_length else length, limit)
+        return limit
+
+    def prepare(self, requests: dict[int, MultiVectorRequest], budget: WorkBudget | None
+                ) -> dict[int, Job | RequestError]:
+        outcomes: dict[int, Job | RequestError] = {}
+        for index, request in requests.items():
+            try:
+                outcomes[index] = self._job(request, budget)
+            except RequestError as err:
+                outcomes[index] = err
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                outcomes[index] = internal_error()
+        return outcomes
+
+    def _job(self, request: MultiVectorRequest, budget: WorkBudget | None) -> Job:
+        self.checks.count(request)
+        for i, text in enumerate(request.inputs):
+            self.checks.chars(text, request.param(i))
+        if not request.scoring:
+            self._check_answer(request)
+        options = request.options
+        truncate = self.settings.truncate if options.truncate is None else options.truncate
+        kinds = [request.input_type(i) for i in range(len(request.inputs))]
+        bodies = self.tokenizer.body_ids([self.prompts.get(kind or "", "") + text
+                                          for kind, text in zip(kinds, request.inputs)])
+        inputs = []
+        for i, (kind, body) in enumerate(zip(kinds, bodies)):
+            keep = self._prompt_tokens.get(kind or "", 0)
+            item = self.tokenizer.assemble(body, self.max_length(kind), options.truncation_direction, keep=keep)
+            self.checks.length(request, i, item.full_length, truncate)
+            inputs.append(self._expanded(list(item.ids)) if kind == "query" else ModelInput(item.ids))
+        self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
+        return Job(request, inputs)
+
+    def _expanded(self, ids: list[int]) -> ModelInput:
+        """A query padded with the expansion token up to the expansion length."""
+        expansion = self.model.expansion
+        if expansion is None or self.expansion_id is None or len(ids) >= expansion.length:
+            return ModelInput(ids)
+        added = expansion.length - len(ids)
+        return ModelInput(ids + [self.expansion_id] * added, expansion=0 if expansion.attend else added)
+
+    def _check_answer(self, request: MultiVectorRequest) -> None:
+        """The answer's bound before any work: every input at its type's full length."""
+        options = request.options
+        tokens = len(request.inputs) * self.max_length(options.input_type)
+        answer = max_answer_bytes(tokens, self.checks.dimension, options.output_dtype, options.encoding_format,
+                                  self.checks.model_name, request.route)
+        self.checks.answer_size(request, answer, "send fewer inputs per request, \"encoding_format\": \"base64\" or "
+                                                 "a smaller 'output_dtype'")
+
+    def results(self, jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, Any]:
+        results: dict[int, Any] = {}
+        for index, job in jobs.items():
+            try:
+                rows = [self._kept(job, i, row) for i, row in enumerate(outcomes[index][0])]
+                results[index] = self._scores(job, rows) if job.request.scoring else \
+                    TokenEmbeddings([quantize(row, job.request.options.output_dtype) for row in rows], job.tokens)
+            except Exception as err:  # a bug met by one answer must not fail its batch
+                log_failure(f"shaping the multi-vector answer of request {index} of the batch", err)
+                results[index] = internal_error("the server failed to encode this answer; the failure is logged")
+        return results
+
+    def _kept(self, job: Job, index: int, row: np.ndarray) -> np.ndarray:
+        """The input's token vectors less its skiplist tokens, where its type has a skiplist."""
+        if (job.request.input_type(index) or "document") not in self.model.skiplist_tasks or not len(self.skip_ids):
+            return row
+        ids = np.asarray(job.inputs[index].ids, dtype=np.int64)
+        return row[~np.isin(ids, self.skip_ids)]
+
+    def _scores(self, job: Job, rows: list[np.ndarray]) -> MaxSimScores:
+        mean = self.model.similarity == "meanmaxsim"
+        return MaxSimScores(np.array([maxsim(rows[0], document, mean) for document in rows[1:]], dtype=np.float32),
+                            job.tokens)
+
