@@ -184,11 +184,12 @@ def m3_embedder_class():
     """FlagEmbedding's M3Embedder (the reference for bge-m3), or ImportError. Its package's __init__
     imports every model family, one of which fails on transformers 5; the m3 module itself imports
     once its parent packages are bare modules."""
-    import importlib.util
+    import importlib.machinery
     import sys
     import types
 
-    spec = importlib.util.find_spec("FlagEmbedding")
+    # The path finder, not sys.modules: a second call finds the bare module the first one left there.
+    spec = importlib.machinery.PathFinder.find_spec("FlagEmbedding")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("FlagEmbedding is not installed")
     root = Path(spec.submodule_search_locations[0])

@@ -176,6 +176,8 @@ class TorchServe:
             vector = data[0]["embedding"]
             if isinstance(vector, dict):  # a sparse model's {"indices", "values"}
                 vector = vector["values"]
+            elif vector and isinstance(vector[0], list):  # a multi-vector model's token vectors
+                vector = [x for row in vector for x in row]
             real = len(data) == 1 and len(vector) > 0 and all(math.isfinite(float(x)) for x in vector)
         except (ValueError, KeyError, IndexError, TypeError):
             return f"model {model}: the answer is not an embedding: {response.text[:200]}"

@@ -29,6 +29,8 @@ from tests.support.doc_commands import (DOCS, SHELL_PRELUDE, Call, blocks, calls
                                         substitute)
 from tests.support.serving import environment
 from tests.support.rerankers import make_reranker
+from tests.support.m3_models import make_m3
+from tests.support.multi_vector_models import make_colbert
 from tests.support.sparse_models import make_splade
 from tests.support.tiny_model import make_tiny_model
 
@@ -73,6 +75,8 @@ def served(tmp_path_factory):
     model_dir = make_tiny_model(tmp_path_factory.mktemp("placeholder") / "hf-model-folder")
     make_reranker("bert", model_dir.parent / "cross-encoder-folder")  # the README's reranker placeholder
     make_splade(model_dir.parent / "splade-folder")  # docs/models.md's sparse model placeholder
+    make_m3(model_dir.parent / "bge-m3-folder")  # docs/models.md's hybrid model placeholder
+    make_colbert(model_dir.parent / "colbert-folder")  # docs/models.md's multi-vector placeholder
     started = subprocess.run(_serve_line(), shell=True, cwd=root, capture_output=True, text=True, timeout=900)
     served = Served(root, model_dir, started.stdout)
     try:
@@ -172,6 +176,11 @@ def _request(call: Call) -> tuple[int, dict]:
 
 def _check_vectors(served: Served, model: str, call: Call, answer) -> str | None:
     count, body = _request(call)
+    if isinstance(answer, dict) and any(set(item) - {"object", "index", "embedding"} for item in answer["data"]):
+        return _check_hybrid(served, model, call, answer)
+    first = answer["data"][0]["embedding"] if isinstance(answer, dict) else answer[0]
+    if isinstance(first, list) and first and isinstance(first[0], list):  # a multi-vector model's token vectors
+        return _check_token_vectors(served, model, call, answer)
     vectors = [entry["embedding"] for entry in answer["data"]] if isinstance(answer, dict) else answer
     if vectors and isinstance(vectors[0], dict):  # a sparse model's native answer
         return _check_sparse(served, model, call, [dict(zip(v["indices"], v["values"])) if "indices" in v else v
@@ -189,6 +198,43 @@ def _check_vectors(served: Served, model: str, call: Call, answer) -> str | None
         expected = dims // 8 if dtype in ("binary", "ubinary") else dims
         if len(vector) != expected or not all(math.isfinite(x) and abs(x) < 256 for x in vector):
             return f"a vector of {len(vector)} values, expected {expected} finite ones: {vector[:6]}"
+    return None
+
+
+HYBRID_FIELDS = {"dense": "embedding", "sparse": "sparse_embedding", "colbert": "colbert_embedding"}
+
+
+def _check_hybrid(served, model, call, answer) -> str | None:
+    """A hybrid model's items: what `outputs` asked for and nothing else, each output checked as
+    its own answer is; ColBERT vectors a list of equal-length rows of finite values (base64: float32
+    bytes, row after row)."""
+    count, body = _request(call)
+    outputs = body.get("outputs") or ["dense"]
+    outputs = [outputs] if isinstance(outputs, str) else outputs
+    items = answer["data"]
+    fields = {"object", "index", *(HYBRID_FIELDS[name] for name in outputs)}
+    if len(items) != count or any(set(item) != fields for item in items):
+        return f"expected {count} items holding {sorted(fields)}: {answer!r:.300}"
+    if "dense" in outputs:
+        problem = _check_vectors(served, model, call, {"data": [{"embedding": item["embedding"]} for item in items]})
+        if problem:
+            return problem
+    if "sparse" in outputs:
+        problem = _check_sparse(served, model, call, [dict(zip(v["indices"], v["values"])) if "indices" in v else v
+                                                      for v in (item["sparse_embedding"] for item in items)])
+        if problem:
+            return problem
+    for item in (items if "colbert" in outputs else []):
+        rows = item["colbert_embedding"]
+        if isinstance(rows, str):
+            raw = base64.b64decode(rows)
+            if not raw:
+                return f"an empty base64 ColBERT matrix: {answer!r:.300}"
+            if body.get("output_dtype", "float") != "float":
+                continue  # codes: their bytes are what was asked
+            rows = [struct.unpack(f"<{len(raw) // 4}f", raw)]
+        if not rows or len({len(row) for row in rows}) != 1 or not all(math.isfinite(x) for row in rows for x in row):
+            return f"ColBERT vectors not equal-length rows of finite values: {rows!r:.300}"
     return None
 
 
@@ -237,11 +283,23 @@ def _check_ranking(served, model, call, answer) -> str | None:
     return None
 
 
+def _check_token_vectors(served, model, call, answer) -> str | None:
+    """TEI's /embed_all, or a multi-vector model's native answer: per input, equal-length rows of
+    finite values."""
+    count, _ = _request(call)
+    matrices = [item["embedding"] for item in answer["data"]] if isinstance(answer, dict) else answer
+    widths = {len(row) for matrix in matrices for row in matrix}
+    if len(matrices) != count or len(widths) != 1 or not all(math.isfinite(x) for m in matrices for r in m for x in r):
+        return f"expected {count} matrices of finite token vectors: {answer!r:.300}"
+    return None
+
+
 ROUTE_CHECKS = {
     "": _check_vectors,
     "v1/embeddings": _check_vectors,
     "embed": _check_vectors,
     "embed_sparse": _check_sparse,
+    "embed_all": _check_token_vectors,
     "tokenize": _check_tokens,
     "info": _check_info,
     "openapi.json": _check_openapi,

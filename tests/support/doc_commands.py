@@ -6,7 +6,8 @@ is a command to run, unless NOT_RUN below names it with the reason. Blocks in an
 run in order in one bash session, in the root of a fresh copy of the repository where `make serve`
 has started the server; its python blocks run afterwards. The only changes to their text: the
 loopback ports 8080, 8081 and 8082 become the test server's, and the placeholder model folders
-(an embedding model's, a cross-encoder's, a SPLADE model's) become small models made offline."""
+(an embedding model's, a cross-encoder's, a SPLADE model's, a bge-m3 model's) become small models
+made offline."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ PLACEHOLDER_MODEL = "/path/to/hf-model-folder"
 PLACEHOLDER_RERANKER = "/path/to/cross-encoder-folder"
 # A sparse (SPLADE) model's folder, made offline beside the placeholder model.
 PLACEHOLDER_SPLADE = "/path/to/splade-folder"
+# A hybrid (bge-m3) model's folder, made offline beside the placeholder model.
+PLACEHOLDER_M3 = "/path/to/bge-m3-folder"
+PLACEHOLDER_COLBERT = "/path/to/colbert-folder"
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,7 @@ def substitute(text: str, ports: dict[str, int], model_dir: Path | None = None) 
         text = re.sub(rf"(127\.0\.0\.1|localhost):{documented}\b", rf"\g<1>:{ports[api]}", text)
     if model_dir is not None:
         text = text.replace(PLACEHOLDER_MODEL, str(model_dir))
-        for placeholder in (PLACEHOLDER_RERANKER, PLACEHOLDER_SPLADE):
+        for placeholder in (PLACEHOLDER_RERANKER, PLACEHOLDER_SPLADE, PLACEHOLDER_M3, PLACEHOLDER_COLBERT):
             text = text.replace(placeholder, str(model_dir.parent / placeholder.rsplit("/", 1)[1]))
     return text
 

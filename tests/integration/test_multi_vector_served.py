@@ -1,0 +1,80 @@
+"""Multi-vector (ColBERT) models through the real TorchServe, built by build_mar as a user builds
+them (the build compares with MultiVectorEncoder; the default CPU engine runs the encoder in ONNX
+Runtime), against sentence-transformers' MultiVectorEncoder: token vectors of queries and
+documents on the native route and TEI's /embed_all, MaxSim on /rerank, concurrent clients, and bad
+inputs beside good ones."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+
+from tests.support.model_families import corpus
+from tests.support.multi_vector_models import make_colbert, reference_maxsim, reference_tokens
+from tests.support.serving import serving
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_colbert(tmp_path_factory.mktemp("colbert") / "colbert")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model):
+    with serving(tmp_path_factory.mktemp("colbert-torchserve"), ["--model", str(model), "--name", "colbert",
+                                                                 "--workers", "1"]) as ts:
+        yield ts
+
+
+def post(server, route, body, status=200):
+    url = f"{server.url('inference')}/predictions/colbert" + (f"/1.0/{route}" if route else "")
+    response = requests.post(url, json=body, headers=server.auth(), timeout=120)
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def assert_same_tokens(got, want):
+    for row, expected in zip(got, want, strict=True):
+        row = np.asarray(row)
+        assert row.shape == expected.shape
+        assert ((row * expected).sum(1) / np.linalg.norm(row, axis=1) / np.linalg.norm(expected, axis=1)).min() \
+            >= 0.9999
+
+
+def test_token_vectors_of_queries_and_documents(server, model):
+    texts = corpus(32, seed=21)
+    for kind in ("query", "document"):
+        answer = post(server, "", {"input": texts, "input_type": kind})
+        assert_same_tokens([item["embedding"] for item in answer["data"]], reference_tokens(model, texts, kind=kind))
+    assert_same_tokens(post(server, "embed_all", {"inputs": texts}), reference_tokens(model, texts, kind=None))
+
+
+def test_rerank_is_maxsim_and_clients_run_concurrently(server, model):
+    documents = corpus(12, seed=22)
+    queries = corpus(8, seed=23)
+    with ThreadPoolExecutor(8) as pool:
+        rankings = list(pool.map(lambda query: post(server, "rerank", {"query": query, "texts": documents}), queries))
+    for query, ranked in zip(queries, rankings):
+        want = reference_maxsim(model, query, documents)
+        assert max(abs(item["score"] - want[item["index"]]) for item in ranked) <= 1e-4
+        assert [item["index"] for item in ranked] == sorted(range(len(documents)), key=lambda i: (-want[i], i))
+
+
+def test_bad_requests_are_their_own_4xx_beside_good_ones(server):
+    bad = [("", {"input": "a", "input_type": "passage"}, 400), ("rerank", {"query": "a", "texts": []}, 400),
+           ("", {"input": "word " * 300, "input_type": "document", "truncate": False}, 413),
+           ("v1/embeddings", {"input": "a"}, 404)]
+    good = [("", {"input": ["a good text"], "input_type": "document"}, 200)] * 4
+    with ThreadPoolExecutor(len(bad) + len(good)) as pool:
+        statuses = list(pool.map(lambda case: requests.post(
+            f"{server.url('inference')}/predictions/colbert" + (f"/1.0/{case[0]}" if case[0] else ""), json=case[1],
+            headers=server.auth(), timeout=120).status_code, bad + good))
+    assert statuses == [status for _, _, status in bad + good]
+    info = requests.get(f"{server.url('inference')}/predictions/colbert/1.0/info", headers=server.auth(),
+                        timeout=60).json()
+    assert info["task"] == "multi_vector" and info["engine"] == "onnxruntime"

@@ -1,0 +1,147 @@
+"""Multi-vector (ColBERT) models in process, against sentence-transformers' MultiVectorEncoder:
+token vectors of queries (expansion fixed or min, attended or not), documents (skiplist) and
+inputs of neither type, MaxSim rankings, the routes' bodies, options and bad inputs."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from embedserve.handler.api.exchange import RawRequest
+from embedserve.handler.assembly import assemble
+from embedserve.handler.model.description import ModelFilesError, Task
+from embedserve.handler.model.files import describe_model
+from embedserve.handler.settings import Settings
+from tests.support.multi_vector_models import make_colbert, reference_maxsim, reference_tokens
+
+SHAPES = {"fixed": {}, "min-attend": dict(expansion="min", attend=True), "plain": dict(expansion=False, skiplist=False),
+          "xlmr": dict(family="xlmr")}
+QUERIES = ["a", "hello world", "the cat sat on the mat, fast!", "what is the relevant passage for this question " * 3]
+DOCUMENTS = ["a", "hello, world!", "The cat sat on the mat. café naïve", "!?", "one two three four five six " * 8,
+             "東京 日本 42 3.14 (über)"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("colbert")
+    return {name: make_colbert(root / name, **shape) for name, shape in SHAPES.items()}
+
+
+@pytest.fixture(scope="module")
+def services(models):
+    return {name: assemble(path, Settings(dtype="float32"), model_name="cb", warm=True)
+            for name, path in models.items()}
+
+
+def call(svc, route, body, content_type="application/json"):
+    raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    [response] = svc.handle([RawRequest(raw, content_type, route)])
+    return response.status, json.loads(response.body)
+
+
+def min_cosine(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    least = 1.0
+    for row, expected in zip(got, want, strict=True):
+        assert row.shape == expected.shape
+        least = min(least, float(((row * expected).sum(1) / np.linalg.norm(row, axis=1)
+                                  / np.linalg.norm(expected, axis=1)).min()))
+    return least
+
+
+def test_the_folder_says_multi_vector_with_its_knobs(models):
+    description = describe_model(models["fixed"]).served_with("auto")
+    assert description.task is Task.MULTI_VECTOR and description.dimension == 16
+    knobs = description.multi_vector
+    assert (knobs.query_length, knobs.document_length, knobs.expansion.strategy, knobs.expansion.attend) == \
+        (12, 24, "fixed", False)
+    assert description.prompts == {"query": "[Q] ", "document": "[D] "}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("kind", ["query", "document", None])
+def test_token_vectors_are_multi_vector_encoder_s(models, services, name, kind):
+    texts = QUERIES if kind == "query" else DOCUMENTS
+    status, answer = call(services[name], "", {"input": texts, **({"input_type": kind} if kind else {})})
+    assert status == 200
+    got = [np.asarray(item["embedding"]) for item in answer["data"]]
+    assert min_cosine(got, reference_tokens(models[name], texts, kind=kind)) >= 0.9999
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_rerank_scores_are_maxsim(models, services, name):
+    query = QUERIES[2]
+    status, ranked = call(services[name], "rerank", {"query": query, "texts": DOCUMENTS, "return_text": True})
+    assert status == 200
+    want = reference_maxsim(models[name], query, DOCUMENTS)
+    assert [item["index"] for item in ranked] == sorted(range(len(DOCUMENTS)), key=lambda i: (-want[i], i))
+    assert max(abs(item["score"] - want[item["index"]]) for item in ranked) <= 1e-4
+    assert all(item["text"] == DOCUMENTS[item["index"]] for item in ranked)
+
+
+def test_embed_all_base64_and_dtypes(services):
+    svc = services["fixed"]
+    _, [floats] = call(svc, "embed_all", {"inputs": ["hello world"], "input_type": "document"})
+    floats = np.asarray(floats, dtype=np.float32)
+    status, answer = call(svc, "", {"input": "hello world", "input_type": "document", "encoding_format": "base64"})
+    assert status == 200
+    raw = np.frombuffer(base64.b64decode(answer["data"][0]["embedding"]), dtype="<f4").reshape(floats.shape)
+    np.testing.assert_allclose(raw, floats, atol=1e-7)
+    _, answer = call(svc, "", {"input": "hello world", "input_type": "document", "output_dtype": "int8"})
+    codes = np.asarray(answer["data"][0]["embedding"])
+    assert codes.shape == floats.shape and codes.min() >= -128 and codes.max() <= 127
+    status, answer = call(svc, "", "hello world", content_type="text/plain")
+    assert status == 200 and np.asarray(answer["data"][0]["embedding"]).shape[1] == 16
+
+
+@pytest.mark.parametrize("route,body,status,param", [
+    ("", {"input": "a", "input_type": "passage"}, 400, "input_type"),
+    ("", {"input": "a", "prompt_name": "query"}, 400, "prompt_name"),
+    ("", {"input": [[1, 2]]}, 400, "input[0]"),
+    ("", {"input": "a", "output_dtype": "float16"}, 400, "output_dtype"),
+    ("", {"input": "word " * 200, "input_type": "document", "truncate": False}, 413, "input[0]"),
+    ("rerank", {"query": "a"}, 400, None),
+    ("rerank", {"query": "a", "texts": []}, 400, None),
+    ("embed_all", {"inputs": 5}, 400, None),
+])
+def test_bad_requests_name_the_field(services, route, body, status, param):
+    got, answer = call(services["fixed"], route, body)
+    assert got == status, answer
+    if route:
+        assert answer["error_type"] and answer["error"]
+    else:
+        assert answer["error"]["param"] == param, answer
+
+
+def test_other_routes_answer_404_naming_the_model_s(services):
+    status, answer = call(services["fixed"], "v1/embeddings", {"input": "a"})
+    assert status == 404 and "'embed_all'" in answer["error"]["message"]
+
+
+def test_info_and_openapi(services):
+    svc = services["fixed"]
+    info = svc.info()
+    assert info["task"] == "multi_vector" and info["routes"] == ["", "embed_all", "rerank"]
+    from openapi_spec_validator import validate
+
+    document = svc.openapi()
+    validate(document)
+    assert any(path.endswith("/1.0/embed_all") for path in document["paths"])
+
+
+def test_token_pooling_and_pylate_layouts_are_refused(models, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(models["plain"], tmp_path / "pooled")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 4, "name": "4", "path": "4_HierarchicalTokenPooling",
+                    "type": "sentence_transformers.multi_vector_encoder.modules.token_pooling.HierarchicalTokenPooling"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ModelFilesError, match="token pooling modules are not served"):
+        describe_model(folder)
+    config = json.loads((folder / "config_sentence_transformers.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({**config, "model_type": "ColBERT"}))
+    with pytest.raises(ModelFilesError, match="PyLate"):
+        describe_model(folder)
