@@ -41,7 +41,7 @@ from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.int8_calibration import calibrate
 from embedserve.handler.worker.cpu_features import describe_cpu
-from bench import batch_delay, cpu_bf16, packed, request_path, rerank
+from bench import batch_delay, cpu_bf16, packed, request_path, rerank, sparse
 from bench.cpu_kernels import compare_engines, exported_copy, int8_copy
 from bench.inprocess import (
     bench_engine, bench_planner, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine,
@@ -139,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print("rerank: a MiniLM-sized cross-encoder served against CrossEncoder.predict ...", file=sys.stderr)
     results["rerank"] = rerank.measure(args.seconds)
+    print("sparse: a MiniLM-sized SPLADE model served against SparseEncoder.encode ...", file=sys.stderr)
+    results["sparse"] = sparse.measure(args.seconds)
 
-    results["targets"] = check_targets(results) + results["cpu_bf16"]["targets"] + results["rerank"]["targets"]
+    results["targets"] = check_targets(results) + results["cpu_bf16"]["targets"] + results["rerank"]["targets"] \
+        + results["sparse"]["targets"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2))
     from bench.plot import plot

@@ -47,6 +47,7 @@ class SpladePooler(torch.nn.Module):
                     out[block] = torch.maximum(out[block], weights.amax(dim=1))
                 else:
                     out[block] += weights.sum(dim=1)
+                del weights  # before the next block is computed: one block at a time, not two
         return out
 
 
