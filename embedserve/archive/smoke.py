@@ -173,6 +173,20 @@ def _compare_sparse(engine, model_dir: Path) -> str:
             got = np.array([entry["value"] for entry in row])
             worst = max(worst, float(np.abs(got - expected[ids]).max()) if ids else 0.0)
             vectors += 1
+    if (model_dir / "query_static").is_dir():  # an inference-free model: its queries are looked up
+        from sentence_transformers.sparse_encoder.models import SparseStaticEmbedding
+
+        static = SparseEncoder(modules=[SparseStaticEmbedding.load(str(model_dir / "query_static"))], device="cpu")
+        want = static.encode(list(TEXTS), convert_to_tensor=True).to_dense().numpy()
+        answer = _answer(engine, {"inputs": list(TEXTS), "input_type": "query"}, "embed_sparse")
+        for row, expected in zip(answer, want):
+            ids = [entry["index"] for entry in row]
+            if ids != np.flatnonzero(expected).tolist():
+                raise SmokeError("the served queries' token ids differ from SparseStaticEmbedding's; refusing to "
+                                 "build a model that would be served wrong")
+            got = np.array([entry["value"] for entry in row])
+            worst = max(worst, float(np.abs(got - expected[ids]).max()) if ids else 0.0)
+            vectors += 1
     if not worst <= MAX_SCORE_DIFFERENCE:
         raise SmokeError(f"the served sparse weights differ from SparseEncoder.encode's by {worst:.1e} (> "
                          f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")

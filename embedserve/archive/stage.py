@@ -33,6 +33,9 @@ class StageError(ValueError):
 
 
 def stage_model(source: Path, target: Path) -> None:
+    if _is_router(source):
+        _stage_inference_free(source, target)
+        return
     if not (source / "config.json").is_file():
         raise StageError(f"{source} is not a Hugging Face model folder: config.json is missing")
     target.mkdir(parents=True, exist_ok=True)
@@ -52,6 +55,49 @@ def stage_model(source: Path, target: Path) -> None:
             _convert_pickled_weights(source / f"{head}.pt", target / f"{head}.safetensors")
     if not (target / "tokenizer.json").is_file():
         _convert_tokenizer(source, target)
+
+
+def _is_router(source: Path) -> bool:
+    modules_file = source / "modules.json"
+    if not modules_file.is_file() or not (source / "router_config.json").is_file():
+        return False
+    modules = json.loads(modules_file.read_text())
+    return len(modules) == 1 and str(modules[0].get("type", "")).endswith(".Router")
+
+
+def _stage_inference_free(source: Path, target: Path) -> None:
+    """An inference-free sparse encoder (sentence-transformers' Router: a SparseStaticEmbedding
+    for queries, a SPLADE model for documents), staged as the SPLADE model it is for documents,
+    with the query side's weights and tokenizer in `query_static/` (model/files.py reads it)."""
+    router = json.loads((source / "router_config.json").read_text())
+    types = {name: str(kind).rsplit(".", 1)[-1] for name, kind in router.get("types", {}).items()}
+    structure = router.get("structure", {})
+    query, document = structure.get("query", []), structure.get("document", [])
+    parameters = router.get("parameters", {})
+    shape = ([types.get(m) for m in query], [types.get(m) for m in document])
+    if shape not in ((["SparseStaticEmbedding"], ["Transformer", "SpladePooling"]),
+                     (["SparseStaticEmbedding"], ["MLMTransformer", "SpladePooling"])) \
+            or set(structure) != {"query", "document"} or parameters.get("route_mappings") \
+            or parameters.get("default_route") not in (None, "document"):
+        raise StageError(f"{source}/router_config.json: a Router of {structure} ({types}); supported: a "
+                         "SparseStaticEmbedding query side and a fill-mask Transformer with SpladePooling document side, "
+                         "documents by default (an inference-free SPLADE model)")
+    transformer, pooling = (source / safe_relative(name, "router module") for name in document)
+    stage_model(transformer, target)  # the document side's transformer, as the model itself
+    (target / "1_SpladePooling").mkdir(exist_ok=True)
+    shutil.copyfile(pooling / "config.json", target / "1_SpladePooling" / "config.json")
+    (target / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_SpladePooling",
+         "type": "sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling"}], indent=2))
+    if (source / "config_sentence_transformers.json").is_file():
+        shutil.copyfile(source / "config_sentence_transformers.json", target / "config_sentence_transformers.json")
+    static = source / safe_relative(query[0], "router module")
+    (target / "query_static").mkdir(exist_ok=True)
+    for name in ("config.json", *TOKENIZER_FILES):
+        if (static / name).is_file():
+            shutil.copyfile(static / name, target / "query_static" / name)
+    _stage_weights(static, target / "query_static")
 
 
 def safe_relative(name: str, what: str) -> PurePosixPath:

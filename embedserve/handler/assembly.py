@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 from embedserve.handler.api.server import PLAIN, ServerProfile
@@ -139,7 +140,10 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
                      include_prompt=encoder.pooling.include_prompt)
     work: TaskSlice = text
     if model.task is Task.SPARSE:
-        work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True)
+        query_weights = load_file(str(Path(model_dir) / "query_static" / "model.safetensors"))["weight"].numpy() \
+            if model.sparse.static_query else None
+        work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True,
+                          query_weights=query_weights)
     elif model.task is Task.MULTI_VECTOR:
         work = MultiVectorTask(checks, model.multi_vector, model.prompts)
     elif model.task is Task.HYBRID:

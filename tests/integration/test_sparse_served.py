@@ -1,7 +1,7 @@
 """Sparse (SPLADE) models through the real TorchServe, built by build_mar as a user builds them (the
 build itself compares with SparseEncoder.encode), against sentence-transformers' SparseEncoder:
-BERT with max pooling and XLM-R with sum pooling and log1p_relu, TEI's /embed_sparse and the
-native route, concurrent clients batched together, bad inputs one at a time and beside good ones,
+BERT with max pooling and XLM-R with sum pooling and log1p_relu, an inference-free model (queries
+looked up), TEI's /embed_sparse and the native route, concurrent clients batched together, bad inputs one at a time and beside good ones,
 the dense routes refused, the OpenAPI document valid, and the worker alive throughout."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from openapi_spec_validator import validate
 
 from tests.support.model_families import corpus
 from tests.support.serving import serving
-from tests.support.sparse_models import assert_same_sparse, make_splade, reference_sparse, served_sparse
+from tests.support.sparse_models import (assert_same_sparse, make_inference_free, make_splade, reference_sparse,
+                                         served_sparse)
 
 pytestmark = pytest.mark.integration
 
@@ -24,8 +25,9 @@ SHAPES = {"splade": ("bert", "max", "relu"), "splade-xlmr": ("xlmr", "sum", "log
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("sparse")
-    return {name: make_splade(root / name, family=family, strategy=strategy, activation=activation)
-            for name, (family, strategy, activation) in SHAPES.items()}
+    return {**{name: make_splade(root / name, family=family, strategy=strategy, activation=activation)
+               for name, (family, strategy, activation) in SHAPES.items()},
+            "splade-free": make_inference_free(root / "splade-free")}
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +54,16 @@ def test_served_sparse_vectors_are_sparse_encoder_s(server, models, name):
     got = [dict(zip(item["embedding"]["indices"], item["embedding"]["values"])) for item in native["data"]]
     assert_same_sparse(got, want)
     assert native["usage"]["total_tokens"] > len(texts)
+
+
+def test_an_inference_free_model_s_queries_and_documents(server, models):
+    texts = corpus(32, seed=13)
+    for kind in ("query", "document"):
+        got = served_sparse(post(server, "splade-free", "embed_sparse", {"inputs": texts, "input_type": kind}))
+        assert_same_sparse(got, reference_sparse(models["splade-free"], texts, kind=kind))
+    info = requests.get(f"{server.url('inference')}/predictions/splade-free/1.0/info", headers=server.auth(),
+                        timeout=60).json()
+    assert info["modules"][0] == "SparseStaticEmbedding(queries)"
 
 
 def test_concurrent_clients_each_get_their_own_vectors(server, models):

@@ -57,12 +57,36 @@ def make_splade(path: Path, *, family: str = "bert", strategy: str = "max", acti
     return path
 
 
-def reference_sparse(model_dir: Path, texts: list[str], **kwargs) -> list[dict[int, float]]:
-    """sentence-transformers' SparseEncoder.encode of `texts`: {token id: weight} per text."""
+def make_inference_free(path: Path, *, seed: int = 0) -> Path:
+    """An inference-free SparseEncoder: a Router whose query side is a SparseStaticEmbedding
+    (random positive weights on a third of the vocabulary, zero elsewhere) and whose document side
+    is a SPLADE model, saved by sentence-transformers to `path`."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules.router import Router
+    from sentence_transformers.base.modules.transformer import Transformer
+    from sentence_transformers.sparse_encoder.models import SparseStaticEmbedding, SpladePooling
+    from transformers import AutoTokenizer
+
+    make_splade(path.parent / f"{path.name}-splade", seed=seed)
+    raw = path.parent / f"{path.name}-splade-raw"
+    tokenizer = AutoTokenizer.from_pretrained(raw)
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.rand(len(tokenizer), generator=generator) * (torch.rand(len(tokenizer), generator=generator) < 0.33)
+    router = Router.for_query_document(
+        query_modules=[SparseStaticEmbedding(tokenizer, weight=weights, frozen=True)],
+        document_modules=[Transformer(str(raw), transformer_task="fill-mask"), SpladePooling("max")])
+    SparseEncoder(modules=[router], device="cpu").save(str(path))
+    return path
+
+
+def reference_sparse(model_dir: Path, texts: list[str], kind: str | None = None, **kwargs) -> list[dict[int, float]]:
+    """sentence-transformers' SparseEncoder.encode (encode_query, encode_document: `kind`) of
+    `texts`: {token id: weight} per text."""
     from sentence_transformers import SparseEncoder
 
     encoder = SparseEncoder(str(model_dir), device="cpu", local_files_only=True)
-    dense = encoder.encode(texts, convert_to_tensor=True, **kwargs).to_dense().numpy()
+    encode = {None: encoder.encode, "query": encoder.encode_query, "document": encoder.encode_document}[kind]
+    dense = encode(texts, convert_to_tensor=True, **kwargs).to_dense().numpy()
     return [{int(i): float(row[i]) for i in np.flatnonzero(row)} for row in dense]
 
 

@@ -121,6 +121,9 @@ class SparsePooling:
     strategy: str  # one of SPARSE_STRATEGIES
     activation: str  # one of SPARSE_ACTIVATIONS
     vocabulary: int  # the vector's width: the masked-language model's vocabulary
+    # Inference-free queries: a query's vector is a weight per token it holds (SparseStaticEmbedding,
+    # in the folder's query_static/), no transformer pass; documents go through SPLADE.
+    static_query: bool = False
 
     @property
     def name(self) -> str:
@@ -226,7 +229,8 @@ class ModelDescription:
         if self.scoring:
             return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
         if self.sparse:
-            return ["Transformer(masked LM)", self.sparse.name]
+            query = ["SparseStaticEmbedding(queries)"] if self.sparse.static_query else []
+            return [*query, "Transformer(masked LM)", self.sparse.name]
         if self.multi_vector:
             skip = f"MultiVectorMask({len(self.multi_vector.skiplist_words)} skiplist words)"
             return ["Transformer", *(describe_head_module(m) for m in self.head if m.kind != "Normalize"), skip,

@@ -270,7 +270,10 @@ def _read_sparse(model_dir: Path, config: dict[str, Any]) -> SparsePooling | Non
                               f"{', '.join(SPARSE_ACTIVATIONS)}")
     if not isinstance(config.get("vocab_size"), int):
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer vocab_size")
-    return SparsePooling(strategy, activation, config["vocab_size"])
+    static = model_dir / "query_static"  # an inference-free model's query side (archive/stage.py)
+    if static.is_dir() and (static / "tokenizer.json").read_bytes() != (model_dir / "tokenizer.json").read_bytes():
+        raise ModelFilesError(f"{static}: the query side's tokenizer differs from the document side's; not served")
+    return SparsePooling(strategy, activation, config["vocab_size"], static_query=static.is_dir())
 
 
 # What sentence-transformers 6 does with a Transformer's processing_kwargs that this server

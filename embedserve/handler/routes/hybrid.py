@@ -23,7 +23,7 @@ from embedserve.handler.model.description import Task
 from embedserve.handler.routes import native, openai, sparse, tei
 from embedserve.handler.routes.base import RouteSpec, embedding_request
 from embedserve.handler.routes.openai import encode_vector
-from embedserve.handler.routes.schema import ServedModel
+from embedserve.handler.routes.schema import ServedModel, ref
 from embedserve.handler.tasks.embed import EmbeddingRequest, Options
 from embedserve.handler.tasks.hybrid import OUTPUTS, HybridRequest, HybridResult, hybrid_request, parse_outputs
 from embedserve.handler.tasks.sparse import parse_sparse_options
@@ -86,20 +86,52 @@ def _parse(route: Route, **kwargs: Any):
 
 # --- the OpenAPI document: the embedding routes' operations, their bodies taking the outputs -------
 
-def _taking_outputs(operations: Any, model: ServedModel) -> dict[str, Any]:
-    document = operations(model)
-    content = document["post"]["requestBody"]["content"]["application/json"]
-    content["schema"] = {"allOf": [content["schema"], {"properties": {
-        "outputs": {"type": ["array", "null"], "items": {"enum": list(OUTPUTS)}, "minItems": 1, "uniqueItems": True,
+def _outputs_schema(model: ServedModel) -> dict[str, Any]:
+    return {"properties": {
+        "outputs": {"anyOf": [{"type": "array", "items": {"enum": list(OUTPUTS)}, "minItems": 1, "uniqueItems": True},
+                              {"enum": [*OUTPUTS, None]}],
                     "description": "what each input's item holds: embedding (dense), sparse_embedding, "
                                    "colbert_embedding; default [\"dense\"]"},
-        **sparse._options(model, tei=False)}}]}
+        **sparse._options(model, tei=False)}}
+
+
+def _taking_outputs(operations: Any, model: ServedModel, tei_body: bool = False) -> dict[str, Any]:
+    """The embedding route's operation, its body taking `outputs` and the sparse options and its
+    answer holding what they ask for; a TEI body (native route) takes `outputs` as dense alone."""
+    document = operations(model)
+    post = document["post"]
+    content = post["requestBody"]["content"]["application/json"]
+    hybrid = {"allOf": [ref("EmbeddingRequest"), _outputs_schema(model)]}
+    dense_only = {"properties": {"outputs": {"enum": [None, "dense", ["dense"]]}}}
+    content["schema"] = {"anyOf": [hybrid, {"allOf": [ref("TEIEmbedRequest"), {"not": {"required": ["input"]}},
+                                                       dense_only]}]} if tei_body else hybrid
+    answer = post["responses"]["200"]["content"]["application/json"]
+    answer["schema"] = {"anyOf": [ref("HybridEmbeddingList"), ref("TEIEmbeddings")]} if tei_body \
+        else ref("HybridEmbeddingList")
+    answer.pop("example", None)
     return document
+
+
+def schemas(model: ServedModel) -> dict[str, Any]:
+    if model.task is not Task.HYBRID:
+        return {}
+    sparse_vector = {"anyOf": [{"type": "object", "required": ["indices", "values"], "properties": {
+        "indices": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "values": {"type": "array", "items": {"type": "number"}}}},
+        {"type": "object", "additionalProperties": {"type": "number"}}]}
+    tokens = {"anyOf": [{"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                        {"type": "string", "contentEncoding": "base64"}]}
+    return {"HybridEmbeddingList": {
+        "type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+            "object": {"const": "list"}, "model": {"const": model.name}, "usage": {"type": "object"},
+            "data": {"type": "array", "items": {"type": "object", "required": ["object", "index"], "properties": {
+                "object": {"const": "embedding"}, "index": {"type": "integer", "minimum": 0},
+                "embedding": ref("Vector"), "sparse_embedding": sparse_vector, "colbert_embedding": tokens}}}}}}
 
 
 ROUTES = (
     RouteSpec(Route.NATIVE, HYBRID, _parse(Route.NATIVE, allow_token_ids=True, tei_body=True), encode_list,
-              partial(_taking_outputs, native._operations)),
+              partial(_taking_outputs, native._operations, tei_body=True)),
     RouteSpec(Route.OPENAI, HYBRID, _parse(Route.OPENAI, allow_token_ids=True), encode_list,
               partial(_taking_outputs, openai._operations)),
     RouteSpec(Route.TEI_EMBED, HYBRID, _parse(Route.TEI_EMBED, allow_token_ids=False), encode_dense, tei._embed),

@@ -11,12 +11,12 @@ from typing import Any
 
 from embedserve.handler.api.route import Route
 from embedserve.handler.api.server import ServerProfile
-from embedserve.handler.routes import cohere, multi_vector, openai, sparse, tei
+from embedserve.handler.routes import cohere, hybrid, multi_vector, openai, sparse, tei
 from embedserve.handler.routes.schema import ServedModel, common_schemas, limits
 from embedserve.handler.routes.table import spec_for
 
 # The families that declare schemas (the native route's are OpenAI's and TEI's).
-FAMILIES = (openai, tei, cohere, sparse, multi_vector)
+FAMILIES = (openai, tei, cohere, sparse, hybrid, multi_vector)
 
 
 def service_document(service: Any, server: ServerProfile, version: str) -> dict[str, Any]:

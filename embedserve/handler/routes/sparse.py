@@ -6,7 +6,7 @@
                   sparse vector), or {"<token>": weight} with "sparse_format": "tokens" (Elasticsearch's
                   sparse_vector)
   "embed_sparse"  {"inputs", "truncate", "truncation_direction", "prompt_name"} (and threshold,
-                  max_active_dims) -> [[{"index", "value"}, ...], ...], as TEI answers it
+                  max_active_dims, input_type) -> [[{"index", "value"}, ...], ...], as TEI answers it
 
 The options are the sparse task's (tasks/sparse.py).
 """
@@ -24,7 +24,7 @@ from embedserve.handler.routes.base import RouteSpec
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, parse_inputs
-from embedserve.handler.tasks.sparse import SPARSE_FORMATS, SparseRequest, SparseVectors, parse_sparse_options
+from embedserve.handler.tasks.sparse import INPUT_TYPES, SPARSE_FORMATS, SparseRequest, SparseVectors, parse_sparse_options
 
 SPARSE = frozenset({Task.SPARSE})
 
@@ -83,6 +83,7 @@ OPTION_NOTES = {
     "max_active_dims": "keep at most this many entries per input, the largest",
     "sparse_format": "`indices`: {indices, values} (Qdrant, Milvus); `tokens`: {token: weight} (Elasticsearch "
                      "sparse_vector)",
+    "input_type": "query or document: its prompt; an inference-free model looks queries up, no model pass",
 }
 
 
@@ -96,6 +97,8 @@ def _options(model: ServedModel, tei: bool) -> dict[str, Any]:
     if not tei:
         own["sparse_format"] = {"enum": [*SPARSE_FORMATS, None], "default": SPARSE_FORMATS[0],
                                 "description": OPTION_NOTES["sparse_format"]}
+    if model.task is Task.SPARSE:
+        own["input_type"] = {"enum": [*INPUT_TYPES, None], "description": OPTION_NOTES["input_type"]}
     return {**shared, **own}
 
 
@@ -103,7 +106,7 @@ def schemas(model: ServedModel) -> dict[str, Any]:
     if model.task not in (Task.SPARSE, Task.HYBRID):  # a hybrid model answers sparse vectors too
         return {}
     entry = {"type": "object", "required": ["index", "value"], "additionalProperties": False,
-             "properties": {"index": {"type": "integer", "minimum": 0, "maximum": model.dimension - 1},
+             "properties": {"index": {"type": "integer", "minimum": 0},  # a vocabulary id
                             "value": {"type": "number", "minimum": 0}}}
     indices = {"type": "object", "required": ["indices", "values"], "additionalProperties": False,
                "properties": {"indices": {"type": "array", "items": {"type": "integer", "minimum": 0}},

@@ -37,10 +37,13 @@ class Job:
     request: TaskRequest
     inputs: list[ModelInput]
     normalize: bool = False  # an embedding answer's own normalization
+    # What the task computed without the model, and its tokens (an inference-free query's weights):
+    # such a job has no model inputs.
+    computed: tuple[Any, int] | None = None
 
     @property
     def tokens(self) -> int:
-        return sum(len(item) for item in self.inputs)
+        return self.computed[1] if self.computed else sum(len(item) for item in self.inputs)
 
 
 # One request's model outputs (vectors or logits) and its inputs that did not fit in memory even

@@ -234,7 +234,7 @@ class EmbedTask:
         normalize = self.settings.normalize if options.normalize is None else options.normalize
         self.check_limits(request)
         self._check_options(request, normalize)
-        prompt = self.prompt(options.prompt_name)
+        prompt = self._prompt_of(request)
         texts: dict[int, str] = {}
         bodies: list[list[int] | None] = []
         for i, item in enumerate(request.inputs):
@@ -321,6 +321,9 @@ class EmbedTask:
             raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] of "
                                 "normalized vectors; with \"normalize\": false they are not unit length: drop "
                                 "\"normalize\": false or use float/binary", param="output_dtype")
+
+    def _prompt_of(self, request: EmbeddingRequest) -> Prompt:
+        return self.prompt(request.options.prompt_name)
 
     def prompt(self, name: str | None) -> Prompt:
         if name is None:

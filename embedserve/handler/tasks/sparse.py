@@ -11,7 +11,10 @@ Options, on top of the embed task's truncate, truncation_direction and prompt_na
   the same name);
 - `sparse_format`: "indices" gives {"indices": [...], "values": [...]}, what Qdrant and Milvus
   take as a sparse vector; "tokens" gives {"<token>": weight, ...}, what Elasticsearch's
-  sparse_vector and rank_features fields take (the tokens decoded by the model's vocabulary).
+  sparse_vector and rank_features fields take (the tokens decoded by the model's vocabulary);
+- `input_type`: "query" or "document", as SparseEncoder's encode_query and encode_document: the
+  prompt of that name, and on an inference-free model (a SparseStaticEmbedding query side) a
+  query costs a lookup, its weight per distinct token it holds, no transformer pass.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, Embed
 from embedserve.handler.worker.failures import log_failure
 
 SPARSE_FORMATS = ("indices", "tokens")
+INPUT_TYPES = ("query", "document")
 
 # The options of a sparse request, as OPTION_TYPES lists the embed task's: JSON type, values.
 SPARSE_OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
     **{key: OPTION_TYPES[key] for key in ("truncate", "truncation_direction", "prompt_name")},
     "max_active_dims": (int, ()),  # a positive integer
     "sparse_format": (str, SPARSE_FORMATS),
+    "input_type": (str, INPUT_TYPES),
 }
 
 # The most bytes one entry takes in an answer: {"index":250001,"value":-0.0000053924714}, on
@@ -55,6 +60,7 @@ class SparseOptions:
     threshold: float = 0.0
     max_active_dims: int | None = None
     sparse_format: str = "indices"
+    input_type: str | None = None  # query, document, or neither (encode's own: a document)
     normalize: None = None  # sparse weights are never normalized (the shared preparation reads it)
 
 
@@ -124,8 +130,50 @@ def sparse_vectors(request: Any, options: SparseOptions, rows: list[np.ndarray],
 
 
 class SparseTask(EmbedTask):
-    """The embed task's preparation, with a sparse answer: its size bound and its result."""
+    """The embed task's preparation, with a sparse answer: its size bound and its result.
+    `query_weights`: an inference-free model's weight per vocabulary id, for queries."""
     task = Task.SPARSE
+
+    def __init__(self, *args: Any, query_weights: np.ndarray | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.query_weights = query_weights
+
+    def prepare(self, requests: dict[int, Any], budget: Any) -> dict[int, Job | RequestError]:
+        """Queries of an inference-free model are looked up here; the rest prepared as texts."""
+        lookups = {index: request for index, request in requests.items()
+                   if self.query_weights is not None and request.options.input_type == "query"}
+        outcomes = super().prepare({i: r for i, r in requests.items() if i not in lookups}, budget)
+        for index, request in lookups.items():
+            try:
+                outcomes[index] = self._lookup(request)
+            except RequestError as err:
+                outcomes[index] = err
+            except Exception as err:  # a bug met by one request must not fail its batch
+                log_failure(f"preparing request {index} of the batch", err)
+                outcomes[index] = internal_error()
+        return dict(sorted(outcomes.items()))
+
+    def _prompt_of(self, request: SparseRequest) -> Any:
+        """A request's prompt: its prompt_name's, else its input type's where the model has one."""
+        options = request.options
+        return self.prompt(options.prompt_name if options.prompt_name is not None or options.input_type not in
+                           self.prompts else options.input_type)
+
+    def _lookup(self, request: SparseRequest) -> Job:
+        """SparseStaticEmbedding: each query's distinct tokens (no special tokens; cut at the
+        tokenizer's own limit), each weighing its id's weight; zero weights dropped."""
+        self.check_limits(request)
+        self._check_options(request, False)
+        prefix = self._prompt_of(request).text
+        limit = self.tokenizer.model_max_length if (self.tokenizer.model_max_length or 0) <= 10**6 else None
+        rows, tokens = [], 0
+        for ids in self.tokenizer.body_ids([prefix + text for text in request.inputs]):
+            ids = np.unique(np.asarray(ids[:limit], dtype=np.int64))
+            weights = self.query_weights[ids]
+            kept = weights != 0
+            rows.append(np.stack((ids[kept].astype(np.float32), weights[kept])).astype(np.float32))
+            tokens += len(ids)
+        return Job(request, [], computed=(rows, tokens))
 
     def _check_options(self, request: SparseRequest, normalize: bool) -> None:
         """With max_active_dims, the answer's bound is known before any work: refused here if
@@ -149,6 +197,8 @@ class SparseTask(EmbedTask):
         return results
 
     def _result(self, job: Job, rows: list[np.ndarray]) -> SparseVectors:
+        if job.computed is not None:
+            rows = job.computed[0]
         return sparse_vectors(job.request, job.request.options, rows, job.tokens, self._token, self.checks.model_name,
                               self.settings.max_response_bytes)
 

@@ -20,7 +20,9 @@ from embedserve.handler.model.inputs import TokenRole, plain_inputs
 from embedserve.handler.model.sparse import SpladePooler
 from embedserve.handler.settings import Settings
 from tests.support.model_families import corpus
-from tests.support.sparse_models import assert_same_sparse, make_splade, reference_sparse, served_sparse
+from embedserve.archive.stage import StageError, stage_model
+from tests.support.sparse_models import (assert_same_sparse, make_inference_free, make_splade, reference_sparse,
+                                         served_sparse)
 
 SHAPES = {"bert-max-relu": ("bert", "max", "relu"), "bert-sum-log1p": ("bert", "sum", "log1p_relu"),
           "xlmr-max-relu": ("xlmr", "max", "relu")}
@@ -180,3 +182,31 @@ def test_the_encoder_keeps_only_non_zero_entries_by_ascending_id(services):
     embedded = svc.encoder.embed(plain_inputs(svc.text.checks.token_ids(["hello world", "a"])))
     assert isinstance(embedded.vectors, list) and all(row.shape[0] == 2 for row in embedded.vectors)
     assert all((row[1] > 0).all() and np.all(np.diff(row[0]) > 0) for row in embedded.vectors)
+
+
+def test_an_inference_free_model_looks_queries_up_without_a_pass(tmp_path):
+    source = make_inference_free(tmp_path / "inference-free")
+    staged = tmp_path / "staged"
+    stage_model(source, staged)  # the build lays the Router's two sides out (archive/stage.py)
+    svc = assemble(staged, Settings(dtype="float32"), model_name="sp", warm=True)
+    assert svc.info()["modules"][0] == "SparseStaticEmbedding(queries)"
+    texts = corpus(24, seed=9) + ["a", "hello hello world"]
+    for kind in ("query", "document", None):
+        body = {"input": texts, **({"input_type": kind} if kind else {})}
+        responses, report = svc.handle_with_report([RawRequest(json.dumps(body).encode(), "application/json", "")])
+        got = [dict(zip(item["embedding"]["indices"], item["embedding"]["values"]))
+               for item in json.loads(responses[0].body)["data"]]
+        assert_same_sparse(got, reference_sparse(source, texts, kind=kind))
+        assert (report.forward_passes == 0) == (kind == "query")  # a query costs a lookup
+    status, answer = call(svc, "embed_sparse", {"inputs": texts[:2], "input_type": "query", "max_active_dims": 2})
+    assert status == 200 and all(len(row) <= 2 for row in answer)
+    assert call(svc, "", {"input": "a", "input_type": "passage"})[0] == 400
+
+
+def test_a_router_of_other_sides_is_refused(tmp_path):
+    source = make_inference_free(tmp_path / "inference-free")
+    config = json.loads((source / "router_config.json").read_text())
+    config["parameters"]["default_route"] = "query"
+    (source / "router_config.json").write_text(json.dumps(config))
+    with pytest.raises(StageError, match="SparseStaticEmbedding query side"):
+        stage_model(source, tmp_path / "staged")
