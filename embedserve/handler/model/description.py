@@ -153,6 +153,16 @@ class QueryExpansion:
 
 
 @dataclass(frozen=True)
+class TokenPooling:
+    """sentence-transformers' HierarchicalTokenPooling: an input's token vectors after the first
+    `protected` clustered (Ward, on cosine distance) into len // pool_factor means."""
+    pool_factor: float
+    protected: int
+    normalize: bool
+    tasks: tuple[str, ...]  # the input types pooled ("document"; no type counts as document)
+
+
+@dataclass(frozen=True)
 class MultiVector:
     """A sentence-transformers MultiVectorEncoder (ColBERT): per input, a vector per token (the
     Transformer's states through its Dense modules, L2-normalized), queries and documents told
@@ -163,6 +173,7 @@ class MultiVector:
     skiplist_words: tuple[str, ...]
     skiplist_tasks: tuple[str, ...]  # "query", "document": where the skiplist applies (no task counts as document)
     similarity: str  # "maxsim", or "meanmaxsim" (divided by the query's tokens)
+    token_pooling: TokenPooling | None = None
 
 
 @dataclass(frozen=True)
@@ -233,8 +244,10 @@ class ModelDescription:
             return [*query, "Transformer(masked LM)", self.sparse.name]
         if self.multi_vector:
             skip = f"MultiVectorMask({len(self.multi_vector.skiplist_words)} skiplist words)"
+            pooling = self.multi_vector.token_pooling
+            pooled = [f"HierarchicalTokenPooling({pooling.pool_factor:g})"] if pooling else []
             return ["Transformer", *(describe_head_module(m) for m in self.head if m.kind != "Normalize"), skip,
-                    "Normalize(per token)", self.multi_vector.similarity]
+                    "Normalize(per token)", *pooled, self.multi_vector.similarity]
         pooling = [f"Pooling({self.pooling.name}{'' if self.pooling.include_prompt else ', prompt excluded'})"] \
             if self.pooling else []
         return ["Transformer", *pooling, *(describe_head_module(m) for m in self.head), *(self.m3.modules if self.m3

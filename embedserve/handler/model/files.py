@@ -31,7 +31,7 @@ from typing import Any
 from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES, POOLING_FLAGS, POOLING_MODES,
                                                   SPARSE_ACTIVATIONS, SPARSE_STRATEGIES, ChatFormat, HeadModule,
                                                   LogitScore, M3Heads, ModelDescription, ModelFilesError, MultiVector,
-                                                  Pooling, QueryExpansion, Scoring, SparsePooling)
+                                                  Pooling, QueryExpansion, Scoring, SparsePooling, TokenPooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 
 _MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
@@ -204,10 +204,11 @@ def _read_multi_vector(model_dir: Path) -> tuple[MultiVector | None, tuple[HeadM
     if st_config.get("model_type") != "MultiVectorEncoder" and "MultiVectorMask" not in kinds:
         return None, ()
     denses = kinds[1:kinds.index("MultiVectorMask")] if "MultiVectorMask" in kinds else []
+    pooled = kinds[-1:] == ["HierarchicalTokenPooling"]
     if kinds[:1] != ["Transformer"] or modules[0].get("path") or set(denses) - {"Dense"} \
-            or kinds[1 + len(denses):] != ["MultiVectorMask", "Normalize"]:
+            or kinds[1 + len(denses):len(kinds) - pooled] != ["MultiVectorMask", "Normalize"]:
         raise ModelFilesError(f"{modules_file}: a multi-vector encoder with modules {kinds}; supported: Transformer, "
-                              "Dense modules, MultiVectorMask, Normalize (token pooling modules are not served)")
+                              "Dense modules, MultiVectorMask, Normalize, and a HierarchicalTokenPooling")
     head = []
     for position, module in enumerate(modules[1:1 + len(denses)], start=1):
         folder = str(module.get("path") or "")
@@ -228,13 +229,21 @@ def _read_multi_vector(model_dir: Path) -> tuple[MultiVector | None, tuple[HeadM
     similarity = st_config.get("similarity_fn_name") or "maxsim"
     if similarity not in ("maxsim", "meanmaxsim"):
         raise ModelFilesError(f"{model_dir}: similarity_fn_name {similarity!r}; supported: maxsim, meanmaxsim")
+    token_pooling = None
+    if pooled:
+        folder = model_dir / str(modules[-1].get("path") or "")
+        config = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+        # sentence-transformers' loading defaults: a saved config without normalize_embeddings does not normalize.
+        token_pooling = TokenPooling(float(config.get("pool_factor", 2.0)), int(config.get("num_protected_tokens", 1)),
+                                     bool(config.get("normalize_embeddings", False)),
+                                     tuple(config.get("tasks") or ("document",)))
     return MultiVector(
         query_length=transformer.get("query_length"), document_length=transformer.get("document_length"),
         expansion=QueryExpansion(expansion["strategy"], expansion["length"], bool(expansion.get("attend", False)),
                                  expansion.get("token")) if expansion else None,
         skiplist_words=tuple(mask.get("skiplist_words") or ()),
-        skiplist_tasks=tuple(mask.get("skiplist_tasks") or ("document",)), similarity=similarity), \
-        (*head, HeadModule("Normalize", str(modules[-1].get("path") or "")))
+        skiplist_tasks=tuple(mask.get("skiplist_tasks") or ("document",)), similarity=similarity,
+        token_pooling=token_pooling), (*head, HeadModule("Normalize", str(modules[1 + len(denses) + 1].get("path") or "")))
 
 
 # The modules of sentence-transformers' SparseEncoder pipelines.

@@ -10,6 +10,9 @@ encode_query, encode_document and encode tell them apart:
 - the skiplist (punctuation): its tokens are left out of the answer for the input types the folder
   names (documents, and inputs of no type, by default).
 
+A folder's HierarchicalTokenPooling clusters the token vectors of the input types it names
+(documents) after the skiplist, as sentence-transformers does (scipy's Ward linkage).
+
 MaxSim: for each query token, the largest dot product with a document token, summed over the
 query's tokens (in float32; "meanmaxsim" divides by their count); a document with no token
 scores -1e9, as sentence-transformers scores it.
@@ -17,17 +20,20 @@ scores -1e9, as sentence-transformers scores it.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from embedserve.handler.api.codec import option_value
 from embedserve.handler.api.errors import RequestError, internal_error
 from embedserve.handler.api.quantize import quantize
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.description import MultiVector, Task
+from embedserve.handler.model.description import ModelFilesError, MultiVector, Task, TokenPooling
 from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
 from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes
@@ -100,6 +106,29 @@ def maxsim(query: np.ndarray, document: np.ndarray, mean: bool = False) -> np.fl
     return np.float32(total / len(query)) if mean else total
 
 
+def hierarchical_pool(row: np.ndarray, pooling: TokenPooling) -> np.ndarray:
+    """HierarchicalTokenPooling's clustering of one input's token vectors: the protected ones kept,
+    the others Ward-clustered on cosine distance into len // pool_factor clusters, each replaced by
+    its mean (clusters in label order), then L2-normalized where the folder says so."""
+    from scipy.cluster import hierarchy
+    from scipy.spatial.distance import squareform
+
+    vectors = torch.from_numpy(row)
+    if pooling.pool_factor > 1:
+        protected, rest = vectors[:pooling.protected], vectors[pooling.protected:]
+        clusters = max(int(len(rest) // pooling.pool_factor), 1)
+        if clusters < len(rest):
+            distances = (1 - rest @ rest.T).clamp_(0, 2).numpy()
+            linkage = hierarchy.linkage(squareform(distances, checks=False), method="ward")
+            labels = torch.from_numpy(hierarchy.fcluster(linkage, t=clusters, criterion="maxclust").astype(np.int64))
+            _, inverse = torch.unique(labels, return_inverse=True)
+            count = int(inverse.max()) + 1
+            sums = torch.zeros(count, rest.shape[1], dtype=rest.dtype).index_add_(0, inverse, rest)
+            sizes = torch.bincount(inverse, minlength=count).unsqueeze(1)
+            vectors = torch.cat([protected, sums / sizes])
+    return (l2_normalize(vectors) if pooling.normalize else vectors).numpy()
+
+
 class MultiVectorTask:
     task = Task.MULTI_VECTOR
 
@@ -116,6 +145,9 @@ class MultiVectorTask:
         expansion = model.expansion
         token = expansion.token if expansion else None
         self.expansion_id = self.tokenizer.backend.token_to_id(token) if token else roles.get("mask", roles.get("eos"))
+        if model.token_pooling is not None and importlib.util.find_spec("scipy") is None:
+            raise ModelFilesError("the model's HierarchicalTokenPooling clusters with scipy, which is not installed "
+                                  "(pip install scipy)")
 
     def max_length(self, input_type: str | None) -> int:
         """Tokens an input of this type keeps (special and prompt tokens included)."""
@@ -193,11 +225,13 @@ class MultiVectorTask:
         return results
 
     def _kept(self, job: Job, index: int, row: np.ndarray) -> np.ndarray:
-        """The input's token vectors less its skiplist tokens, where its type has a skiplist."""
-        if (job.request.input_type(index) or "document") not in self.model.skiplist_tasks or not len(self.skip_ids):
-            return row
-        ids = np.asarray(job.inputs[index].ids, dtype=np.int64)
-        return row[~np.isin(ids, self.skip_ids)]
+        """The input's token vectors less its skiplist tokens, where its type has a skiplist, then
+        pooled, where its type is pooled."""
+        kind = job.request.input_type(index) or "document"
+        if kind in self.model.skiplist_tasks and len(self.skip_ids):
+            row = row[~np.isin(np.asarray(job.inputs[index].ids, dtype=np.int64), self.skip_ids)]
+        pooling = self.model.token_pooling
+        return hierarchical_pool(row, pooling) if pooling and kind in pooling.tasks else row
 
     def _scores(self, job: Job, rows: list[np.ndarray]) -> MaxSimScores:
         mean = self.model.similarity == "meanmaxsim"

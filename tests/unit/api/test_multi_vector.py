@@ -131,16 +131,25 @@ def test_info_and_openapi(services):
     assert any(path.endswith("/1.0/embed_all") for path in document["paths"])
 
 
-def test_token_pooling_and_pylate_layouts_are_refused(models, tmp_path):
+def test_a_declared_token_pooling_clusters_documents_as_the_reference(tmp_path):
+    model = make_colbert(tmp_path / "pooled", pool_factor=2.0, document_length=48)
+    svc = assemble(model, Settings(dtype="float32"), model_name="cb", warm=False)
+    assert "HierarchicalTokenPooling(2)" in svc.info()["modules"]
+    for kind in ("document", None, "query"):
+        _, answer = call(svc, "", {"input": DOCUMENTS, **({"input_type": kind} if kind else {})})
+        got = [np.asarray(item["embedding"]) for item in answer["data"]]
+        assert min_cosine(got, reference_tokens(model, DOCUMENTS, kind=kind)) >= 0.9999
+
+
+def test_other_layouts_are_refused(models, tmp_path):
     import shutil
 
-    folder = shutil.copytree(models["plain"], tmp_path / "pooled")
+    folder = shutil.copytree(models["plain"], tmp_path / "other")
     modules = json.loads((folder / "modules.json").read_text())
-    modules.append({"idx": 4, "name": "4", "path": "4_HierarchicalTokenPooling",
-                    "type": "sentence_transformers.multi_vector_encoder.modules.token_pooling.HierarchicalTokenPooling"})
-    (folder / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ModelFilesError, match="token pooling modules are not served"):
+    (folder / "modules.json").write_text(json.dumps(modules[:3]))  # no Normalize
+    with pytest.raises(ModelFilesError, match="a multi-vector encoder with modules"):
         describe_model(folder)
+    (folder / "modules.json").write_text(json.dumps(modules))
     config = json.loads((folder / "config_sentence_transformers.json").read_text())
     (folder / "config_sentence_transformers.json").write_text(json.dumps({**config, "model_type": "ColBERT"}))
     with pytest.raises(ModelFilesError, match="PyLate"):
