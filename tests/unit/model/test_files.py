@@ -81,7 +81,7 @@ def test_head_modules_and_lowercasing_are_read_in_order(tmp_path):
       {"in_features": 32, "out_features": 8, "activation_function": "my_package.Swish"}), "not a torch.nn module"),
     (("sentence_transformers.models.Dense", "2_Dense", {"in_features": 32}), "out_features"),
     (("sentence_transformers.base.modules.normalize.Normalize", "2_Normalize",
-      {"module_input_name": "token_embeddings"}), "token embeddings"),
+      {"module_input_name": "token_embeddings"}), "is not 'sentence_embedding'"),
     (("sentence_transformers.models.Pooling", "2_Pooling", {"pooling_mode": "mean"}), "second Pooling"),
 ])
 def test_modules_that_would_change_vectors_unseen_are_refused_by_name(tmp_path, extra, message):
