@@ -117,8 +117,9 @@ def test_the_docs_commands_run_as_written(served, doc, tmp_path):
         key = served.key()
         env = {**os.environ, "DOC_CALLS": str(folder), "KEY": key}  # KEY as the README exports it
         script = shell_script(shell, served.ports, served.model_dir)
+        # docs/models.md builds and serves a model of each kind (sparse, hybrid, multi-vector): minutes.
         result = subprocess.run(["bash", "-c", script], cwd=served.root, env=env, capture_output=True, text=True,
-                                timeout=300)
+                                timeout=900)
         assert result.returncode == 0, f"a command of {doc.name} failed:\n{result.stderr[-4000:]}"
         made = calls(folder)
         written = sum(len(re.findall(r"(?m)^\s*(?:[A-Z]+=\S+\s+)?curl\b", b.text)) for b in shell)
