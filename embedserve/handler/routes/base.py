@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from embedserve.handler.api.codec import check_method, check_text, decode_body, encode_error, is_text
+from embedserve.handler.api.codec import check_method, check_text, decode_body, encode_error, is_text, option_value
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.tasks.embed import EmbeddingRequest, parse_inputs, parse_options
+from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, parse_inputs, parse_options
 
 # (body, content type, method) -> the task's request; raises RequestError naming the field.
 Parse = Callable[[Any, "str | None", "str | None"], Any]
@@ -71,6 +71,25 @@ def embedding_request(route: Route, body: Any, content_type: str | None, method:
     except RequestError as err:
         err.tei = route.tei
         raise
+
+
+def texts_body(route: Route, body: Any, content_type: str | None, method: str | None
+               ) -> tuple[dict[str, Any], tuple, str]:
+    """A route whose inputs are texts alone: one text as a text/plain body (not on TEI's routes),
+    or a JSON object with them under `input` (`inputs` on TEI's routes), OpenAI's `model` and
+    `user` checked to be strings. The payload (empty for a text/plain body), the texts, their field."""
+    check_method(method)
+    payload = decode_body(body, content_type)
+    if isinstance(payload, str) and is_text(content_type) and not route.tei:
+        return {}, (check_text(payload, "body"),), "body"
+    if not isinstance(payload, dict):
+        raise malformed("request body must be a JSON object", param="body")
+    name = "inputs" if route.tei else "input"
+    if name not in payload:
+        raise malformed(f"missing required field '{name}'", param=name)
+    for key in IGNORED_FIELDS:
+        option_value(payload, key, str)
+    return payload, parse_inputs(payload[name], name, allow_token_ids=False), name
 
 
 def describing(route: Route, operations: Callable[[Any], dict[str, Any]] | None = None) -> RouteSpec:

@@ -17,17 +17,15 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from embedserve.handler.api.codec import check_method, check_text, decode_body, dumps, is_text, json_object, \
-    option_value, required
+from embedserve.handler.api.codec import dumps, json_object, option_value, required
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.routes.base import RouteSpec
+from embedserve.handler.routes.base import RouteSpec, texts_body
 from embedserve.handler.routes.openai import encode_vector
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
 from embedserve.handler.routes.tei import best_first
-from embedserve.handler.tasks.embed import IGNORED_FIELDS, parse_inputs
 from embedserve.handler.tasks.multi_vector import (INPUT_TYPES, MaxSimScores, MultiVectorRequest, TokenEmbeddings,
                                                    parse_multi_vector_options)
 from embedserve.handler.tasks.score import parse_query, parse_texts
@@ -39,22 +37,11 @@ def parse(route: Route, body: Any, content_type: str | None, method: str | None)
     """Texts to embed token by token: a text/plain body (the native route), or a JSON object with
     them under `input` (`inputs` on TEI's route) and the options; errors in the route's shape."""
     try:
-        check_method(method)
-        payload = decode_body(body, content_type)
-        if isinstance(payload, str) and is_text(content_type) and not route.tei:
-            return MultiVectorRequest(route, (check_text(payload, "body"),), field="body")
-        if not isinstance(payload, dict):
-            raise malformed("request body must be a JSON object", param="body")
-        name = "inputs" if route.tei else "input"
-        if name not in payload:
-            raise malformed(f"missing required field '{name}'", param=name)
-        for key in IGNORED_FIELDS:
-            option_value(payload, key, str)
+        payload, texts, name = texts_body(route, body, content_type, method)
         if payload.get("prompt_name") is not None:
             raise malformed("'prompt_name' does not apply to a multi-vector model: send \"input_type\": \"query\" or "
                             "\"document\" (each has the model's own prompt)", param="prompt_name")
-        return MultiVectorRequest(route, parse_inputs(payload[name], name, allow_token_ids=False),
-                                  parse_multi_vector_options(payload), field=name)
+        return MultiVectorRequest(route, texts, parse_multi_vector_options(payload), field=name)
     except RequestError as err:
         err.tei = route.tei
         raise

@@ -16,14 +16,14 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from embedserve.handler.api.codec import check_method, check_text, decode_body, dumps, is_text, option_value
+from embedserve.handler.api.codec import dumps
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.routes.base import RouteSpec
+from embedserve.handler.routes.base import RouteSpec, texts_body
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
-from embedserve.handler.tasks.embed import IGNORED_FIELDS, parse_inputs
+from embedserve.handler.tasks.embed import IGNORED_FIELDS
 from embedserve.handler.tasks.sparse import INPUT_TYPES, SPARSE_FORMATS, SparseRequest, SparseVectors, parse_sparse_options
 
 SPARSE = frozenset({Task.SPARSE})
@@ -33,22 +33,12 @@ def parse(route: Route, body: Any, content_type: str | None, method: str | None)
     """A text/plain body (the native route), or a JSON object with the inputs under `input`
     (`inputs` on TEI's route) and the options; errors in the route's shape."""
     try:
-        check_method(method)
-        payload = decode_body(body, content_type)
-        if isinstance(payload, str) and is_text(content_type) and not route.tei:
-            return SparseRequest(route, (check_text(payload, "body"),), field="body")
-        if not isinstance(payload, dict):
-            raise malformed("request body must be a JSON object", param="body")
-        name = "inputs" if route.tei else "input"
-        if name not in payload:
-            raise malformed(f"missing required field '{name}'", param=name)
-        for key in IGNORED_FIELDS:  # OpenAI's model and user: checked to be strings, then ignored
-            option_value(payload, key, str)
+        payload, texts, name = texts_body(route, body, content_type, method)
         options = parse_sparse_options(payload)
         if route.tei and options.sparse_format != "indices":
             raise malformed("'sparse_format' does not apply to /embed_sparse, which answers TEI's shape",
                             param="sparse_format")
-        return SparseRequest(route, parse_inputs(payload[name], name, allow_token_ids=False), options, field=name)
+        return SparseRequest(route, texts, options, field=name)
     except RequestError as err:
         err.tei = route.tei
         raise

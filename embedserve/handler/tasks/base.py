@@ -10,16 +10,17 @@ one ModelInput per input, its answer's size bound, and its result; the route fam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, Union
+from typing import Any, Callable, Protocol, Sequence, Union
 
 import torch
 
-from embedserve.handler.api.errors import RequestError, out_of_memory, too_large
+from embedserve.handler.api.errors import RequestError, internal_error, out_of_memory, too_large
 from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.tokenization import TextTokenizer
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
 from embedserve.handler.settings import Settings
+from embedserve.handler.worker.failures import log_failure
 
 
 class TaskRequest(Protocol):
@@ -111,6 +112,21 @@ class RequestChecks:
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
         return [self.tokenizer.assemble(body, self.max_length, "right").ids for body in self.tokenizer.body_ids(texts)]
+
+
+def each_request(requests: dict[int, Any], prepare: Callable[[Any], Job]) -> dict[int, Job | RequestError]:
+    """`prepare` of each request on its own: its Job, or its error (a bug met by one request is
+    its own 500, logged, and fails no other)."""
+    outcomes: dict[int, Job | RequestError] = {}
+    for index, request in requests.items():
+        try:
+            outcomes[index] = prepare(request)
+        except RequestError as err:
+            outcomes[index] = err
+        except Exception as err:
+            log_failure(f"preparing request {index} of the batch", err)
+            outcomes[index] = internal_error()
+    return outcomes
 
 
 def does_not_fit(job: Job, item: int) -> RequestError:

@@ -35,7 +35,7 @@ from embedserve.handler.model.description import ModelFilesError, MultiVector, T
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
-from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
+from embedserve.handler.tasks.base import Job, Outcome, RequestChecks, each_request
 from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes
 from embedserve.handler.worker.failures import log_failure
 
@@ -164,16 +164,7 @@ class MultiVectorTask:
 
     def prepare(self, requests: dict[int, MultiVectorRequest], budget: WorkBudget | None
                 ) -> dict[int, Job | RequestError]:
-        outcomes: dict[int, Job | RequestError] = {}
-        for index, request in requests.items():
-            try:
-                outcomes[index] = self._job(request, budget)
-            except RequestError as err:
-                outcomes[index] = err
-            except Exception as err:  # a bug met by one request must not fail its batch
-                log_failure(f"preparing request {index} of the batch", err)
-                outcomes[index] = internal_error()
-        return outcomes
+        return each_request(requests, lambda request: self._job(request, budget))
 
     def _job(self, request: MultiVectorRequest, budget: WorkBudget | None) -> Job:
         self.checks.count(request)

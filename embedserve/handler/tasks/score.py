@@ -27,7 +27,7 @@ from embedserve.handler.model.head import activation_class
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.tokenization import Tokenized
 from embedserve.handler.scheduling.admission import WorkBudget
-from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
+from embedserve.handler.tasks.base import Job, Outcome, RequestChecks, each_request
 from embedserve.handler.tasks.embed import TRUNCATION_DIRECTIONS
 from embedserve.handler.worker.failures import log_failure
 
@@ -129,16 +129,7 @@ class ScoreTask:
 
     def prepare(self, requests: dict[int, ScoringRequest], budget: WorkBudget | None
                 ) -> dict[int, Job | RequestError]:
-        outcomes: dict[int, Job | RequestError] = {}
-        for index, request in requests.items():
-            try:
-                outcomes[index] = self._prepare(request, budget)
-            except RequestError as err:
-                outcomes[index] = err
-            except Exception as err:  # a bug met by one request must not fail its batch
-                log_failure(f"preparing request {index} of the batch", err)
-                outcomes[index] = internal_error()
-        return outcomes
+        return each_request(requests, lambda request: self._prepare(request, budget))
 
     def _prepare(self, request: ScoringRequest, budget: WorkBudget | None) -> Job:
         """Each (query, document) pair, or text, as one model input; the same limits as

@@ -29,7 +29,7 @@ from embedserve.handler.api.codec import json_type, option_value, short
 from embedserve.handler.api.errors import RequestError, internal_error, malformed, too_large
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.tasks.base import Job, Outcome
+from embedserve.handler.tasks.base import Job, Outcome, each_request
 from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, EmbedTask, Input
 from embedserve.handler.worker.failures import log_failure
 
@@ -143,15 +143,7 @@ class SparseTask(EmbedTask):
         lookups = {index: request for index, request in requests.items()
                    if self.query_weights is not None and request.options.input_type == "query"}
         outcomes = super().prepare({i: r for i, r in requests.items() if i not in lookups}, budget)
-        for index, request in lookups.items():
-            try:
-                outcomes[index] = self._lookup(request)
-            except RequestError as err:
-                outcomes[index] = err
-            except Exception as err:  # a bug met by one request must not fail its batch
-                log_failure(f"preparing request {index} of the batch", err)
-                outcomes[index] = internal_error()
-        return dict(sorted(outcomes.items()))
+        return dict(sorted({**outcomes, **each_request(lookups, self._lookup)}.items()))
 
     def _prompt_of(self, request: SparseRequest) -> Any:
         """A request's prompt: its prompt_name's, else its input type's where the model has one."""
