@@ -41,7 +41,7 @@ from embedserve.archive.corpus import fixed_corpus, load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.int8_calibration import calibrate
 from embedserve.handler.worker.cpu_features import describe_cpu
-from bench import batch_delay, cpu_bf16, packed, request_path, rerank, sparse
+from bench import batch_delay, cpu_bf16, hybrid, packed, request_path, rerank, sparse
 from bench.cpu_kernels import compare_engines, exported_copy, int8_copy
 from bench.inprocess import (
     bench_engine, bench_planner, bench_sentence_transformers, cosine_stats, flops_per_token, load_engine,
@@ -141,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     results["rerank"] = rerank.measure(args.seconds)
     print("sparse: a MiniLM-sized SPLADE model served against SparseEncoder.encode ...", file=sys.stderr)
     results["sparse"] = sparse.measure(args.seconds)
+    print("hybrid: a MiniLM-sized bge-m3 served against FlagEmbedding's M3Embedder.encode ...", file=sys.stderr)
+    results["hybrid"] = hybrid.measure(args.seconds)
 
     results["targets"] = check_targets(results) + results["cpu_bf16"]["targets"] + results["rerank"]["targets"] \
-        + results["sparse"]["targets"]
+        + results["sparse"]["targets"] + results["hybrid"]["targets"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(results, indent=2))
     from bench.plot import plot
