@@ -301,11 +301,23 @@ class EmbedTask:
             if isinstance(item, str):
                 self.checks.chars(item, request.param(i))
 
-    def _check_options(self, request: EmbeddingRequest, normalize: bool) -> None:
+    def _check_options(self, request: EmbeddingRequest, normalize: bool, answer: bool = True) -> None:
+        """The options' values, and with `answer` the answer's size bound."""
         options, dimension = request.options, self.checks.dimension
         if options.dimensions is not None and options.dimensions > dimension:
             raise unprocessable(f"'dimensions' must be at most the model's dimension {dimension}, "
                                 f"got {options.dimensions}", param="dimensions")
+        if answer:
+            self._check_answer_size(request)
+        # Only the answer's own normalization makes unit vectors: the pipeline's final Normalize
+        # is left to it (model/head.py), so `normalize: false` gives vectors of any length.
+        if options.output_dtype in SCALAR_DTYPES and not normalize:
+            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] of "
+                                "normalized vectors; with \"normalize\": false they are not unit length: drop "
+                                "\"normalize\": false or use float/binary", param="output_dtype")
+
+    def _check_answer_size(self, request: EmbeddingRequest) -> None:
+        options, dimension = request.options, self.checks.dimension
 
         def answer_bytes(encoding_format: str) -> int:
             return max_answer_bytes(len(request.inputs), options.dimensions or dimension, options.output_dtype,
@@ -315,12 +327,6 @@ class EmbedTask:
         # base64 is no smaller for codes on the OpenAI route (4 bytes each): suggest it only where it helps.
         smaller = ", or \"encoding_format\": \"base64\"" if answer_bytes("base64") < answer else ""
         self.checks.answer_size(request, answer, f"send fewer inputs per request, fewer 'dimensions'{smaller}")
-        # Only the answer's own normalization makes unit vectors: the pipeline's final Normalize
-        # is left to it (model/head.py), so `normalize: false` gives vectors of any length.
-        if options.output_dtype in SCALAR_DTYPES and not normalize:
-            raise unprocessable(f"'output_dtype' {options.output_dtype} quantizes the range [-1, 1] of "
-                                "normalized vectors; with \"normalize\": false they are not unit length: drop "
-                                "\"normalize\": false or use float/binary", param="output_dtype")
 
     def _prompt_of(self, request: EmbeddingRequest) -> Prompt:
         return self.prompt(request.options.prompt_name)

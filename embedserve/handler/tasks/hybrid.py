@@ -70,9 +70,10 @@ def hybrid_request(request: EmbeddingRequest, outputs: tuple[str, ...], sparse: 
 class HybridTask(EmbedTask):
     task = Task.HYBRID
 
-    def _check_options(self, request: HybridRequest, normalize: bool) -> None:
-        if "dense" in request.outputs:
-            super()._check_options(request, normalize)
+    def _check_options(self, request: HybridRequest, normalize: bool, answer: bool = True) -> None:
+        """The embedding options' values whatever is asked (as the OpenAPI document says), the
+        dense answer's size bound where the dense vector is asked for."""
+        super()._check_options(request, normalize, answer="dense" in request.outputs)
 
     def results(self, jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, HybridResult | RequestError]:
         dense_jobs = {index: job for index, job in jobs.items() if "dense" in job.request.outputs}

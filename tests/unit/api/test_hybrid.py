@@ -299,3 +299,13 @@ def test_the_reference_loads_again_in_the_same_process(reference):
     """A build in process (archive/smoke.py's _compare_m3) and reference_m3 each load FlagEmbedding's
     M3Embedder: the second load must find it too, or the build compares nothing ("not compared")."""
     assert m3_embedder_class() is m3_embedder_class()
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "a", "outputs": ["sparse"], "dimensions": 1000}, "dimensions"),
+    ({"input": "a", "outputs": ["colbert"], "output_dtype": "int8", "normalize": False}, "output_dtype"),
+])
+def test_the_embedding_options_are_checked_whatever_outputs_ask(svc, body, param):
+    """As the OpenAPI document bounds them: a value it refuses is refused without the dense vector too."""
+    status, answer = call(svc, "", body)
+    assert status == 400 and answer["error"]["param"] == param, answer
