@@ -108,6 +108,10 @@ class TextTokenizer:
         full = iter(_ids(self.backend, [text for text, p in zip(texts, plain) if not p]))
         return [next(fast) if p else next(full) for p in plain]
 
+    def token_name(self, token_id: int) -> str:
+        """The vocabulary's token of an id (the id itself where the vocabulary has none)."""
+        return self.backend.id_to_token(token_id) or str(token_id)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
 

@@ -129,6 +129,21 @@ def each_request(requests: dict[int, Any], prepare: Callable[[Any], Job]) -> dic
     return outcomes
 
 
+def each_result(jobs: dict[int, Job], shape: Callable[[int, Job], Any], what: str) -> dict[int, Any]:
+    """`shape` of each job's result on its own: its result, or its error (a bug met by one answer
+    is its own 500, logged, and fails no other)."""
+    results: dict[int, Any] = {}
+    for index, job in jobs.items():
+        try:
+            results[index] = shape(index, job)
+        except RequestError as err:
+            results[index] = err
+        except Exception as err:
+            log_failure(f"shaping the {what} answer of request {index} of the batch", err)
+            results[index] = internal_error("the server failed to encode this answer; the failure is logged")
+    return results
+
+
 def does_not_fit(job: Job, item: int) -> RequestError:
     param = job.request.param(item)
     return out_of_memory(f"'{param}' ({len(job.inputs[item])} tokens) does not fit in memory even alone; send it "

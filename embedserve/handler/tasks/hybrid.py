@@ -16,14 +16,13 @@ from typing import Any
 import numpy as np
 
 from embedserve.handler.api.codec import json_type, short
-from embedserve.handler.api.errors import RequestError, internal_error, malformed, too_large
+from embedserve.handler.api.errors import RequestError, malformed, too_large
 from embedserve.handler.api.quantize import quantize
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.tasks.base import Job, Outcome
+from embedserve.handler.tasks.base import Job, Outcome, each_result
 from embedserve.handler.tasks.embed import EmbeddingRequest, Embeddings, EmbedTask, Input, Options, max_answer_bytes
 from embedserve.handler.tasks.sparse import SparseOptions, SparseVectors, sparse_answer_bytes, sparse_vectors
-from embedserve.handler.worker.failures import log_failure
 
 OUTPUTS = ("dense", "sparse", "colbert")
 
@@ -79,24 +78,15 @@ class HybridTask(EmbedTask):
         dense_jobs = {index: job for index, job in jobs.items() if "dense" in job.request.outputs}
         dense = super().results(dense_jobs, {index: (outcomes[index][0].dense, outcomes[index][1])
                                              for index in dense_jobs})
-        results: dict[int, HybridResult | RequestError] = {}
-        for index, job in jobs.items():
-            if isinstance(dense.get(index), RequestError):
-                results[index] = dense[index]
-                continue
-            try:
-                results[index] = self._result(job, outcomes[index][0], dense.get(index))
-            except RequestError as err:
-                results[index] = err
-            except Exception as err:  # a bug met by one answer must not fail its batch
-                log_failure(f"shaping the hybrid answer of request {index} of the batch", err)
-                results[index] = internal_error("the server failed to encode this answer; the failure is logged")
-        return results
+        failed = {index: error for index, error in dense.items() if isinstance(error, RequestError)}
+        shaped = each_result({index: job for index, job in jobs.items() if index not in failed},
+                             lambda index, job: self._result(job, outcomes[index][0], dense.get(index)), "hybrid")
+        return {**failed, **shaped}
 
     def _result(self, job: Job, vectors: Any, dense: Embeddings | None) -> HybridResult:
         request: HybridRequest = job.request
         options, max_bytes = request.options, self.settings.max_response_bytes
-        sparse = sparse_vectors(request, request.sparse, vectors.sparse, job.tokens, self._token,
+        sparse = sparse_vectors(request, request.sparse, vectors.sparse, job.tokens, self.tokenizer.token_name,
                                 self.checks.model_name, max_bytes) if "sparse" in request.outputs else None
         colbert = [quantize(rows, options.output_dtype) for rows in vectors.colbert] \
             if "colbert" in request.outputs else None
@@ -116,6 +106,3 @@ class HybridTask(EmbedTask):
                             f"{max_bytes} per answer: send fewer or shorter inputs per request, fewer 'outputs', "
                             "\"encoding_format\": \"base64\" or a smaller 'output_dtype'", param=request.field)
         return HybridResult(dense, sparse, colbert, job.tokens)
-
-    def _token(self, token_id: int) -> str:
-        return self.tokenizer.backend.id_to_token(token_id) or str(token_id)

@@ -28,16 +28,15 @@ import numpy as np
 import torch
 
 from embedserve.handler.api.codec import option_value
-from embedserve.handler.api.errors import RequestError, internal_error
+from embedserve.handler.api.errors import RequestError
 from embedserve.handler.api.quantize import quantize
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import ModelFilesError, MultiVector, Task, TokenPooling
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
-from embedserve.handler.tasks.base import Job, Outcome, RequestChecks, each_request
+from embedserve.handler.tasks.base import Job, Outcome, RequestChecks, each_request, each_result
 from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes
-from embedserve.handler.worker.failures import log_failure
 
 INPUT_TYPES = ("query", "document")
 EMPTY_DOCUMENT_SCORE = -1e9
@@ -204,16 +203,12 @@ class MultiVectorTask:
                                                  "a smaller 'output_dtype'")
 
     def results(self, jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, Any]:
-        results: dict[int, Any] = {}
-        for index, job in jobs.items():
-            try:
-                rows = [self._kept(job, i, row) for i, row in enumerate(outcomes[index][0])]
-                results[index] = self._scores(job, rows) if job.request.scoring else \
-                    TokenEmbeddings([quantize(row, job.request.options.output_dtype) for row in rows], job.tokens)
-            except Exception as err:  # a bug met by one answer must not fail its batch
-                log_failure(f"shaping the multi-vector answer of request {index} of the batch", err)
-                results[index] = internal_error("the server failed to encode this answer; the failure is logged")
-        return results
+        return each_result(jobs, lambda index, job: self._result(job, outcomes[index][0]), "multi-vector")
+
+    def _result(self, job: Job, outputs: list[np.ndarray]) -> TokenEmbeddings | MaxSimScores:
+        rows = [self._kept(job, i, row) for i, row in enumerate(outputs)]
+        return self._scores(job, rows) if job.request.scoring else \
+            TokenEmbeddings([quantize(row, job.request.options.output_dtype) for row in rows], job.tokens)
 
     def _kept(self, job: Job, index: int, row: np.ndarray) -> np.ndarray:
         """The input's token vectors less its skiplist tokens, where its type has a skiplist, then

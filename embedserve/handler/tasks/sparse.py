@@ -26,12 +26,11 @@ from typing import Any, Callable
 import numpy as np
 
 from embedserve.handler.api.codec import json_type, option_value, short
-from embedserve.handler.api.errors import RequestError, internal_error, malformed, too_large
+from embedserve.handler.api.errors import RequestError, malformed, too_large
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.tasks.base import Job, Outcome, each_request
+from embedserve.handler.tasks.base import Job, Outcome, each_request, each_result
 from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, EmbedTask, Input
-from embedserve.handler.worker.failures import log_failure
 
 SPARSE_FORMATS = ("indices", "tokens")
 INPUT_TYPES = ("query", "document")
@@ -177,22 +176,10 @@ class SparseTask(EmbedTask):
             self.checks.answer_size(request, bound, "send fewer inputs per request or a lower 'max_active_dims'")
 
     def results(self, jobs: dict[int, Job], outcomes: dict[int, Outcome]) -> dict[int, SparseVectors | RequestError]:
-        results: dict[int, SparseVectors | RequestError] = {}
-        for index, job in jobs.items():
-            try:
-                results[index] = self._result(job, outcomes[index][0])
-            except RequestError as err:
-                results[index] = err
-            except Exception as err:  # a bug met by one answer must not fail its batch
-                log_failure(f"shaping the sparse answer of request {index} of the batch", err)
-                results[index] = internal_error("the server failed to encode this answer; the failure is logged")
-        return results
+        return each_result(jobs, lambda index, job: self._result(job, outcomes[index][0]), "sparse")
 
     def _result(self, job: Job, rows: list[np.ndarray]) -> SparseVectors:
         if job.computed is not None:
             rows = job.computed[0]
-        return sparse_vectors(job.request, job.request.options, rows, job.tokens, self._token, self.checks.model_name,
-                              self.settings.max_response_bytes)
-
-    def _token(self, token_id: int) -> str:
-        return self.tokenizer.backend.id_to_token(token_id) or str(token_id)
+        return sparse_vectors(job.request, job.request.options, rows, job.tokens, self.tokenizer.token_name,
+                              self.checks.model_name, self.settings.max_response_bytes)
