@@ -16,13 +16,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from embedserve.handler.api.codec import dumps
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes import native, openai, sparse, tei
 from embedserve.handler.routes.base import RouteSpec, embedding_request
-from embedserve.handler.routes.openai import encode_vector
+from embedserve.handler.routes.openai import encode_vector, openai_list
 from embedserve.handler.routes.schema import ServedModel, ref
 from embedserve.handler.tasks.embed import EmbeddingRequest, Options
 from embedserve.handler.tasks.hybrid import OUTPUTS, HybridRequest, HybridResult, hybrid_request, parse_outputs
@@ -62,8 +61,7 @@ def encode_list(request: HybridRequest, result: HybridResult, model_name: str) -
         if result.colbert is not None:
             item["colbert_embedding"] = encode_vector(result.colbert[i], request)  # (tokens, dimension)
         items.append(item)
-    return dumps({"object": "list", "data": items, "model": model_name,
-                  "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens}})
+    return openai_list(items, model_name, result.tokens)
 
 
 def encode_dense(request: HybridRequest, result: HybridResult, model_name: str) -> bytes:

@@ -22,7 +22,7 @@ from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, texts_body
-from embedserve.handler.routes.openai import encode_vector
+from embedserve.handler.routes.openai import encode_vector, openai_list
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
 from embedserve.handler.routes.tei import best_first
@@ -61,13 +61,8 @@ def parse_rerank(body: Any, content_type: str | None, method: str | None) -> Mul
 
 
 def encode_list(request: MultiVectorRequest, result: TokenEmbeddings, model_name: str) -> bytes:
-    return dumps({
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(rows, request)}
-                 for i, rows in enumerate(result.vectors)],
-        "model": model_name,
-        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-    })
+    return openai_list([{"object": "embedding", "index": i, "embedding": encode_vector(rows, request)}
+                        for i, rows in enumerate(result.vectors)], model_name, result.tokens)
 
 
 def encode_all(request: MultiVectorRequest, result: TokenEmbeddings, model_name: str) -> bytes:

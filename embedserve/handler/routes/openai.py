@@ -26,13 +26,14 @@ from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Emb
 
 def encode_list(request: EmbeddingRequest, result: Embeddings, model_name: str) -> bytes:
     """OpenAI's list of embeddings (also the native route's answer)."""
-    return dumps({
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(row, request)}
-                 for i, row in enumerate(result.vectors)],
-        "model": model_name,
-        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-    })
+    return openai_list([{"object": "embedding", "index": i, "embedding": encode_vector(row, request)}
+                        for i, row in enumerate(result.vectors)], model_name, result.tokens)
+
+
+def openai_list(items: list[dict[str, Any]], model_name: str, tokens: int) -> bytes:
+    """OpenAI's list envelope around the answer's items: every list-shaped answer of every task."""
+    return dumps({"object": "list", "data": items, "model": model_name,
+                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
 def encode_vector(row: np.ndarray, request: EmbeddingRequest) -> np.ndarray | str:

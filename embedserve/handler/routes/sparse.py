@@ -21,6 +21,7 @@ from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, texts_body
+from embedserve.handler.routes.openai import openai_list
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
 from embedserve.handler.tasks.embed import IGNORED_FIELDS
@@ -50,13 +51,8 @@ def encode_list(request: SparseRequest, result: SparseVectors, model_name: str) 
         embeddings: list[Any] = [dict(zip(names, weights)) for names, weights in zip(result.names, result.weights)]
     else:
         embeddings = [{"indices": ids, "values": weights} for ids, weights in zip(result.ids, result.weights)]
-    return dumps({
-        "object": "list",
-        "data": [{"object": "sparse_embedding", "index": i, "embedding": embedding}
-                 for i, embedding in enumerate(embeddings)],
-        "model": model_name,
-        "usage": {"prompt_tokens": result.tokens, "total_tokens": result.tokens},
-    })
+    return openai_list([{"object": "sparse_embedding", "index": i, "embedding": embedding}
+                        for i, embedding in enumerate(embeddings)], model_name, result.tokens)
 
 
 def encode_tei(request: SparseRequest, result: SparseVectors, model_name: str) -> bytes:
