@@ -151,6 +151,20 @@ def _compare_multi_vector(engine, model_dir: Path) -> str:
            f"MaxSim max difference {worst:.1e}"
 
 
+def _sparse_difference(answer: list, want: np.ndarray, reference: str) -> float:
+    """The largest weight difference of TEI's /embed_sparse answer from the reference's dense rows;
+    SmokeError where a row's non-zero token ids differ."""
+    worst = 0.0
+    for row, expected in zip(answer, want):
+        ids = [entry["index"] for entry in row]
+        if ids != np.flatnonzero(expected).tolist():
+            raise SmokeError(f"the served sparse vectors have other non-zero token ids than {reference}; refusing to "
+                             "build a model that would be served wrong")
+        got = np.array([entry["value"] for entry in row])
+        worst = max(worst, float(np.abs(got - expected[ids]).max()) if ids else 0.0)
+    return worst
+
+
 def _compare_sparse(engine, model_dir: Path) -> str:
     """The served sparse vectors (TEI's /embed_sparse) against SparseEncoder.encode's, with each
     of the model's prompts: the same non-zero token ids, weights within MAX_SCORE_DIFFERENCE."""
@@ -165,28 +179,16 @@ def _compare_sparse(engine, model_dir: Path) -> str:
     for name in [None, *engine.text.prompts]:
         want = reference.encode(list(TEXTS), prompt_name=name, convert_to_tensor=True).to_dense().numpy()
         answer = _answer(engine, {"inputs": list(TEXTS), **({"prompt_name": name} if name else {})}, "embed_sparse")
-        for row, expected in zip(answer, want):
-            ids = [entry["index"] for entry in row]
-            if ids != np.flatnonzero(expected).tolist():
-                raise SmokeError("the served sparse vectors have other non-zero token ids than SparseEncoder.encode's; "
-                                 "refusing to build a model that would be served wrong")
-            got = np.array([entry["value"] for entry in row])
-            worst = max(worst, float(np.abs(got - expected[ids]).max()) if ids else 0.0)
-            vectors += 1
+        worst = max(worst, _sparse_difference(answer, want, "SparseEncoder.encode"))
+        vectors += len(answer)
     if (model_dir / "query_static").is_dir():  # an inference-free model: its queries are looked up
         from sentence_transformers.sparse_encoder.models import SparseStaticEmbedding
 
         static = SparseEncoder(modules=[SparseStaticEmbedding.load(str(model_dir / "query_static"))], device="cpu")
         want = static.encode(list(TEXTS), convert_to_tensor=True).to_dense().numpy()
         answer = _answer(engine, {"inputs": list(TEXTS), "input_type": "query"}, "embed_sparse")
-        for row, expected in zip(answer, want):
-            ids = [entry["index"] for entry in row]
-            if ids != np.flatnonzero(expected).tolist():
-                raise SmokeError("the served queries' token ids differ from SparseStaticEmbedding's; refusing to "
-                                 "build a model that would be served wrong")
-            got = np.array([entry["value"] for entry in row])
-            worst = max(worst, float(np.abs(got - expected[ids]).max()) if ids else 0.0)
-            vectors += 1
+        worst = max(worst, _sparse_difference(answer, want, "SparseStaticEmbedding's queries"))
+        vectors += len(answer)
     if not worst <= MAX_SCORE_DIFFERENCE:
         raise SmokeError(f"the served sparse weights differ from SparseEncoder.encode's by {worst:.1e} (> "
                          f"{MAX_SCORE_DIFFERENCE}); refusing to build a model that would be served wrong")
