@@ -82,12 +82,7 @@ class BatchFile:
 
     def parse(self, number: int, raw: bytes) -> Line:
         where = f"{self.path}:{number}"
-        try:
-            entry = orjson.loads(raw)
-        except orjson.JSONDecodeError as err:
-            raise InputError(f"{where}: not a JSON line ({err})") from None
-        if not isinstance(entry, dict):
-            raise InputError(f"{where}: a line must be a JSON object with custom_id, method, url and body")
+        entry = json_object_line(raw, where, "a line must be a JSON object with custom_id, method, url and body")
         custom_id, method, url, body = (entry.get(k) for k in ("custom_id", "method", "url", "body"))
         if not isinstance(custom_id, str) or not custom_id:
             raise InputError(f"{where}: 'custom_id' must be a non-empty string")
@@ -149,13 +144,7 @@ class Table:
                 if not raw.strip():
                     continue
                 where = f"{self.path}:{number}"
-                try:
-                    record = orjson.loads(raw)
-                except orjson.JSONDecodeError as err:
-                    raise InputError(f"{where}: not a JSON line ({err})") from None
-                if not isinstance(record, dict):
-                    raise InputError(f"{where}: a row must be a JSON object")
-                yield where, record
+                yield where, json_object_line(raw, where, "a row must be a JSON object")
 
     def _csv_rows(self) -> Iterator[tuple[str, dict]]:
         with self.path.open("rb") as f:
@@ -208,3 +197,14 @@ class Table:
                 if index >= skip:
                     yield Row(index if ids is None else ids[i], text)
                 index += 1
+
+
+def json_object_line(raw: bytes, where: str, shape: str) -> dict:
+    """One JSONL line as an object; InputError naming the line (`where`) otherwise."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise InputError(f"{where}: not a JSON line ({err})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{where}: {shape}")
+    return value
