@@ -46,13 +46,13 @@ import numpy as np
 import requests
 import torch
 
+from bench.serving import serve_model
 from bench.load import run_load
-from embedserve.archive.build import main as build_main
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.smoke import m3_embedder_class
 from embedserve.handler.worker.cpu_features import describe_cpu
-from embedserve.scripts.serverctl import TorchServe, isolated_config
+from embedserve.scripts.serverctl import TorchServe
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "m3"
@@ -144,81 +144,62 @@ def server_cpu_seconds(server: TorchServe) -> tuple[float, float]:
 
 def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: float) -> dict:
     """The default build of the model on a TorchServe of its own: load runs, and its outputs."""
-    with tempfile.TemporaryDirectory(prefix="bench-hybrid-") as tmp:
-        root = Path(tmp)
-        config = isolated_config(root, REPO / "config.properties", async_logging="true")
-        if build_main(["--model", str(model_dir), "--name", NAME, "--export-path", str(root / "model_store"),
-                       "--config", str(config)]) != 0:
-            raise SystemExit("building the hybrid model failed")
-        server = TorchServe(config, root)
-        server.start()
-        try:
-            try:
-                server.wait_ready(timeout=600)
-            except Exception:  # the logs go with the temporary folder: their ends first
-                for log in ("torchserve.out", "ts_log.log", "model_log.log"):
-                    path = server.logs / log
-                    if path.is_file():
-                        print(f"--- {log}:", *path.read_text(errors="replace").splitlines()[-40:], sep="\n",
-                              file=sys.stderr)
-                raise
-            url = f"{server.url('inference')}/predictions/{NAME}"
-            auth = server.auth()
-            info = requests.get(f"{url}/1.0/info", headers=auth, timeout=60).json()
-            rows = {}
-            for clients in CLIENTS:
-                load = dict(texts=texts, token_counts=token_counts, concurrency=clients,
-                            texts_per_request=TEXTS_PER_REQUEST[clients])
-                for i, body in enumerate(KINDS.values()):
-                    run_load(url, auth, seconds=WARMUP_S["first" if i == 0 else "next"], body=body, **load)
-                runs = {kind: [] for kind in KINDS}
-                cpu = {kind: [0.0, 0.0, 0] for kind in KINDS}  # frontend s, workers s, texts
-                for _ in range(REPEATS):  # the kinds take turns: the machine's other load falls on each alike
-                    for kind, body in KINDS.items():
-                        before = server_cpu_seconds(server)
-                        run = run_load(url, auth, seconds=seconds, body=body, **load)
-                        after = server_cpu_seconds(server)
-                        cpu[kind] = [cpu[kind][0] + after[0] - before[0], cpu[kind][1] + after[1] - before[1],
-                                     cpu[kind][2] + run.texts]
-                        runs[kind].append(run.summary())
-                rows[clients] = {}
-                for kind, kind_runs in runs.items():
-                    median = dict(sorted(kind_runs, key=lambda run: run["texts_per_s"])[len(kind_runs) // 2])
-                    median.pop("tokens_per_s", None)
-                    frontend, workers, count = cpu[kind]
-                    # over the runs, their uncounted first seconds included: upper bounds
-                    rows[clients][kind] = {**median, "runs_texts_per_s": [run["texts_per_s"] for run in kind_runs],
-                                           "frontend_cpu_ms_per_text": round(frontend / count * 1000, 1),
-                                           "workers_cpu_ms_per_text": round(workers / count * 1000, 1)}
-                    print(f"served, {clients} clients, {kind}: {median['texts_per_s']} texts/s, "
-                          f"p50 {median['p50_ms']} ms, CPU a text: frontend "
-                          f"{rows[clients][kind]['frontend_cpu_ms_per_text']} ms, workers "
-                          f"{rows[clients][kind]['workers_cpu_ms_per_text']} ms", file=sys.stderr)
-            items, sizes = [], {}
-            for first in range(0, CHECKED, 16):
-                answer = requests.post(url, json={"input": texts[first:first + 16], "outputs": ALL}, headers=auth,
-                                       timeout=120)
-                answer.raise_for_status()
-                items += answer.json()["data"]
-            # base64 is the same matrix: checked on the first 16 texts.
-            answer = requests.post(url, json={"input": texts[:16], "outputs": ALL, "encoding_format": "base64"},
-                                   headers=auth, timeout=120)
+    with serve_model(model_dir, NAME, "the hybrid model") as server:
+        url = f"{server.url('inference')}/predictions/{NAME}"
+        auth = server.auth()
+        info = requests.get(f"{url}/1.0/info", headers=auth, timeout=60).json()
+        rows = {}
+        for clients in CLIENTS:
+            load = dict(texts=texts, token_counts=token_counts, concurrency=clients,
+                        texts_per_request=TEXTS_PER_REQUEST[clients])
+            for i, body in enumerate(KINDS.values()):
+                run_load(url, auth, seconds=WARMUP_S["first" if i == 0 else "next"], body=body, **load)
+            runs = {kind: [] for kind in KINDS}
+            cpu = {kind: [0.0, 0.0, 0] for kind in KINDS}  # frontend s, workers s, texts
+            for _ in range(REPEATS):  # the kinds take turns: the machine's other load falls on each alike
+                for kind, body in KINDS.items():
+                    before = server_cpu_seconds(server)
+                    run = run_load(url, auth, seconds=seconds, body=body, **load)
+                    after = server_cpu_seconds(server)
+                    cpu[kind] = [cpu[kind][0] + after[0] - before[0], cpu[kind][1] + after[1] - before[1],
+                                 cpu[kind][2] + run.texts]
+                    runs[kind].append(run.summary())
+            rows[clients] = {}
+            for kind, kind_runs in runs.items():
+                median = dict(sorted(kind_runs, key=lambda run: run["texts_per_s"])[len(kind_runs) // 2])
+                median.pop("tokens_per_s", None)
+                frontend, workers, count = cpu[kind]
+                # over the runs, their uncounted first seconds included: upper bounds
+                rows[clients][kind] = {**median, "runs_texts_per_s": [run["texts_per_s"] for run in kind_runs],
+                                       "frontend_cpu_ms_per_text": round(frontend / count * 1000, 1),
+                                       "workers_cpu_ms_per_text": round(workers / count * 1000, 1)}
+                print(f"served, {clients} clients, {kind}: {median['texts_per_s']} texts/s, "
+                      f"p50 {median['p50_ms']} ms, CPU a text: frontend "
+                      f"{rows[clients][kind]['frontend_cpu_ms_per_text']} ms, workers "
+                      f"{rows[clients][kind]['workers_cpu_ms_per_text']} ms", file=sys.stderr)
+        items, sizes = [], {}
+        for first in range(0, CHECKED, 16):
+            answer = requests.post(url, json={"input": texts[first:first + 16], "outputs": ALL}, headers=auth,
+                                   timeout=120)
             answer.raise_for_status()
-            base64_same = all(
-                np.array_equal(np.frombuffer(base64.b64decode(got["colbert_embedding"]), "<f4"),
-                               np.asarray(want["colbert_embedding"], dtype="<f4").ravel())
-                for got, want in zip(answer.json()["data"], items[:16], strict=True))
-            # What an answer weighs, one text a request: the mean bytes of each kind of answer.
-            for kind, body in KINDS.items():
-                lengths = [len(requests.post(url, json=body([text]), headers=auth, timeout=120).content)
-                           for text in texts[:32]]
-                sizes[kind] = round(float(np.mean(lengths)))
-            return {"engine": info.get("engine"), "model_dtype": info.get("model_dtype"),
-                    "workers": info.get("workers"), "modules": info.get("modules"), "by_clients": rows,
-                    "mean_answer_bytes_one_text": sizes, "colbert_base64_same_as_json": base64_same,
-                    "items": items}
-        finally:
-            server.stop()
+            items += answer.json()["data"]
+        # base64 is the same matrix: checked on the first 16 texts.
+        answer = requests.post(url, json={"input": texts[:16], "outputs": ALL, "encoding_format": "base64"},
+                               headers=auth, timeout=120)
+        answer.raise_for_status()
+        base64_same = all(
+            np.array_equal(np.frombuffer(base64.b64decode(got["colbert_embedding"]), "<f4"),
+                           np.asarray(want["colbert_embedding"], dtype="<f4").ravel())
+            for got, want in zip(answer.json()["data"], items[:16], strict=True))
+        # What an answer weighs, one text a request: the mean bytes of each kind of answer.
+        for kind, body in KINDS.items():
+            lengths = [len(requests.post(url, json=body([text]), headers=auth, timeout=120).content)
+                       for text in texts[:32]]
+            sizes[kind] = round(float(np.mean(lengths)))
+        return {"engine": info.get("engine"), "model_dtype": info.get("model_dtype"),
+                "workers": info.get("workers"), "modules": info.get("modules"), "by_clients": rows,
+                "mean_answer_bytes_one_text": sizes, "colbert_base64_same_as_json": base64_same,
+                "items": items}
 
 
 def cosines(got: np.ndarray, want: np.ndarray) -> np.ndarray:

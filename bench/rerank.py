@@ -35,12 +35,11 @@ import numpy as np
 import requests
 import torch
 
+from bench.serving import serve_model
 from bench.load import run_load
-from embedserve.archive.build import main as build_main
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.handler.worker.cpu_features import describe_cpu
-from embedserve.scripts.serverctl import TorchServe, isolated_config
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "reranker"
@@ -98,42 +97,31 @@ def in_process(model_dir: Path, queries: list[str], documents: list[list[str]], 
 
 def served(model_dir: Path, queries: list[str], documents: list[list[str]], seconds: float) -> dict:
     """The default build of the model on a TorchServe of its own: load runs, and its scores."""
-    with tempfile.TemporaryDirectory(prefix="bench-rerank-") as tmp:
-        root = Path(tmp)
-        config = isolated_config(root, REPO / "config.properties", async_logging="true")
-        if build_main(["--model", str(model_dir), "--name", NAME, "--export-path", str(root / "model_store"),
-                       "--config", str(config)]) != 0:
-            raise SystemExit("building the reranker failed")
-        server = TorchServe(config, root)
-        server.start()
-        try:
-            server.wait_ready(timeout=600)
-            url = f"{server.url('inference')}/predictions/{NAME}/1.0/rerank"
-            auth = server.auth()
-            info = requests.get(url.rsplit("/", 1)[0] + "/info", headers=auth, timeout=60).json()
-            rows = {}
-            # Each request is one query and its documents: the load cuts the flat list of
-            # documents 20 at a time, query by query, and the body puts the query back.
-            flat = [document for docs in documents for document in docs]
-            query_of = {tuple(docs): query for query, docs in zip(queries, documents)}
-            load = dict(texts=flat, token_counts=[1] * len(flat), texts_per_request=DOCUMENTS_PER_REQUEST,
-                        body=lambda batch: {"query": query_of[tuple(batch)], "texts": batch})
-            for clients in CLIENTS:
-                run_load(url, auth, concurrency=clients, seconds=WARMUP_S[clients], **load)
-                runs = [run_load(url, auth, concurrency=clients, seconds=seconds, **load).summary()
-                        for _ in range(REPEATS)]
-                speeds = [run["texts_per_s"] for run in runs]  # a text is one (query, document) pair here
-                median = dict(sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2])
-                rows[clients] = {**median, "pairs_per_s": median.pop("texts_per_s"), "runs_pairs_per_s": speeds}
-                rows[clients].pop("tokens_per_s", None)  # the load counts pairs, not tokens
-                print(f"served, {clients} clients: {rows[clients]['pairs_per_s']} pairs/s, "
-                      f"p50 {rows[clients]['p50_ms']} ms", file=sys.stderr)
-            scores = {query: requests.post(url, json={"query": query, "texts": docs}, headers=auth, timeout=120).json()
-                      for query, docs in zip(queries, documents)}
-            return {"engine": info["engine"], "model_dtype": info["model_dtype"], "by_clients": rows,
-                    "scores": scores}
-        finally:
-            server.stop()
+    with serve_model(model_dir, NAME, "the reranker") as server:
+        url = f"{server.url('inference')}/predictions/{NAME}/1.0/rerank"
+        auth = server.auth()
+        info = requests.get(url.rsplit("/", 1)[0] + "/info", headers=auth, timeout=60).json()
+        rows = {}
+        # Each request is one query and its documents: the load cuts the flat list of
+        # documents 20 at a time, query by query, and the body puts the query back.
+        flat = [document for docs in documents for document in docs]
+        query_of = {tuple(docs): query for query, docs in zip(queries, documents)}
+        load = dict(texts=flat, token_counts=[1] * len(flat), texts_per_request=DOCUMENTS_PER_REQUEST,
+                    body=lambda batch: {"query": query_of[tuple(batch)], "texts": batch})
+        for clients in CLIENTS:
+            run_load(url, auth, concurrency=clients, seconds=WARMUP_S[clients], **load)
+            runs = [run_load(url, auth, concurrency=clients, seconds=seconds, **load).summary()
+                    for _ in range(REPEATS)]
+            speeds = [run["texts_per_s"] for run in runs]  # a text is one (query, document) pair here
+            median = dict(sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2])
+            rows[clients] = {**median, "pairs_per_s": median.pop("texts_per_s"), "runs_pairs_per_s": speeds}
+            rows[clients].pop("tokens_per_s", None)  # the load counts pairs, not tokens
+            print(f"served, {clients} clients: {rows[clients]['pairs_per_s']} pairs/s, "
+                  f"p50 {rows[clients]['p50_ms']} ms", file=sys.stderr)
+        scores = {query: requests.post(url, json={"query": query, "texts": docs}, headers=auth, timeout=120).json()
+                  for query, docs in zip(queries, documents)}
+        return {"engine": info["engine"], "model_dtype": info["model_dtype"], "by_clients": rows,
+                "scores": scores}
 
 
 def agreement(model_dir: Path, queries: list[str], documents: list[list[str]], scores: dict) -> dict:

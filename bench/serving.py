@@ -12,6 +12,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from embedserve.archive.build import main as build_main
 from bench.load import WARMUP_SECONDS, run_load, warm_up
@@ -23,6 +24,34 @@ REPO = Path(__file__).resolve().parent.parent
 # by up to 15%.
 TARGET_SHAPES = {(64, 1), (1, 1)}
 REPEATS = 3
+
+
+@contextmanager
+def serve_model(model_dir: Path, name: str, what: str) -> Iterator[TorchServe]:
+    """A TorchServe of its own serving the default build of `model_dir` (`make serve`'s: no option
+    but the model and its name), ready; on a failed start, the ends of its logs first, since they
+    go with the temporary folder."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        root = Path(tmp)
+        config = isolated_config(root, REPO / "config.properties", async_logging="true")
+        if build_main(["--model", str(model_dir), "--name", name, "--export-path", str(root / "model_store"),
+                       "--config", str(config)]) != 0:
+            raise SystemExit(f"building {what} failed")
+        server = TorchServe(config, root)
+        server.start()
+        try:
+            try:
+                server.wait_ready(timeout=600)
+            except Exception:
+                for log in ("torchserve.out", "ts_log.log", "model_log.log"):
+                    path = server.logs / log
+                    if path.is_file():
+                        print(f"--- {log}:", *path.read_text(errors="replace").splitlines()[-40:], sep="\n",
+                              file=sys.stderr)
+                raise
+            yield server
+        finally:
+            server.stop()
 
 
 @contextmanager

@@ -40,12 +40,12 @@ import numpy as np
 import requests
 import torch
 
+from bench.serving import serve_model
 from bench.load import run_load
-from embedserve.archive.build import main as build_main
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.handler.worker.cpu_features import describe_cpu
-from embedserve.scripts.serverctl import TorchServe, isolated_config
+from embedserve.scripts.serverctl import TorchServe
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "splade"
@@ -133,51 +133,32 @@ def server_cpu_seconds(server: TorchServe) -> float:
 
 def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: float) -> dict:
     """The default build of the model on a TorchServe of its own: load runs, and its vectors."""
-    with tempfile.TemporaryDirectory(prefix="bench-sparse-") as tmp:
-        root = Path(tmp)
-        config = isolated_config(root, REPO / "config.properties", async_logging="true")
-        if build_main(["--model", str(model_dir), "--name", NAME, "--export-path", str(root / "model_store"),
-                       "--config", str(config)]) != 0:
-            raise SystemExit("building the SPLADE model failed")
-        server = TorchServe(config, root)
-        server.start()
-        try:
-            try:
-                server.wait_ready(timeout=600)
-            except Exception:  # the logs go with the temporary folder: their ends first
-                for log in ("torchserve.out", "ts_log.log", "model_log.log"):
-                    path = server.logs / log
-                    if path.is_file():
-                        print(f"--- {log}:", *path.read_text(errors="replace").splitlines()[-40:], sep="\n",
-                              file=sys.stderr)
-                raise
-            url = f"{server.url('inference')}/predictions/{NAME}/1.0/embed_sparse"
-            auth = server.auth()
-            info = requests.get(url.rsplit("/", 1)[0] + "/info", headers=auth, timeout=60).json()
-            rows = {}
-            load = dict(texts=texts, token_counts=token_counts, texts_per_request=TEXTS_PER_REQUEST,
-                        body=lambda batch: {"inputs": batch})
-            for clients in CLIENTS:
-                run_load(url, auth, concurrency=clients, seconds=WARMUP_S[clients], **load)
-                cpu_started = server_cpu_seconds(server)
-                loads = [run_load(url, auth, concurrency=clients, seconds=seconds, **load) for _ in range(REPEATS)]
-                # The server's CPU over the runs, their uncounted first seconds included: an upper bound.
-                cpu_ms = (server_cpu_seconds(server) - cpu_started) / sum(run.texts for run in loads) * 1000
-                runs = [run.summary() for run in loads]
-                median = dict(sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2])
-                rows[clients] = {**median, "runs_texts_per_s": [run["texts_per_s"] for run in runs],
-                                 "server_cpu_ms_per_text": round(cpu_ms, 1)}
-                print(f"served, {clients} clients: {median['texts_per_s']} texts/s, p50 {median['p50_ms']} ms",
-                      file=sys.stderr)
-            vectors = []
-            for first in range(0, CHECKED, 16):
-                answer = requests.post(url, json={"inputs": texts[first:first + 16]}, headers=auth, timeout=120)
-                answer.raise_for_status()
-                vectors += [{entry["index"]: entry["value"] for entry in row} for row in answer.json()]
-            return {"engine": info.get("engine"), "model_dtype": info.get("model_dtype"),
-                    "workers": info.get("workers"), "by_clients": rows, "vectors": vectors}
-        finally:
-            server.stop()
+    with serve_model(model_dir, NAME, "the SPLADE model") as server:
+        url = f"{server.url('inference')}/predictions/{NAME}/1.0/embed_sparse"
+        auth = server.auth()
+        info = requests.get(url.rsplit("/", 1)[0] + "/info", headers=auth, timeout=60).json()
+        rows = {}
+        load = dict(texts=texts, token_counts=token_counts, texts_per_request=TEXTS_PER_REQUEST,
+                    body=lambda batch: {"inputs": batch})
+        for clients in CLIENTS:
+            run_load(url, auth, concurrency=clients, seconds=WARMUP_S[clients], **load)
+            cpu_started = server_cpu_seconds(server)
+            loads = [run_load(url, auth, concurrency=clients, seconds=seconds, **load) for _ in range(REPEATS)]
+            # The server's CPU over the runs, their uncounted first seconds included: an upper bound.
+            cpu_ms = (server_cpu_seconds(server) - cpu_started) / sum(run.texts for run in loads) * 1000
+            runs = [run.summary() for run in loads]
+            median = dict(sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2])
+            rows[clients] = {**median, "runs_texts_per_s": [run["texts_per_s"] for run in runs],
+                             "server_cpu_ms_per_text": round(cpu_ms, 1)}
+            print(f"served, {clients} clients: {median['texts_per_s']} texts/s, p50 {median['p50_ms']} ms",
+                  file=sys.stderr)
+        vectors = []
+        for first in range(0, CHECKED, 16):
+            answer = requests.post(url, json={"inputs": texts[first:first + 16]}, headers=auth, timeout=120)
+            answer.raise_for_status()
+            vectors += [{entry["index"]: entry["value"] for entry in row} for row in answer.json()]
+        return {"engine": info.get("engine"), "model_dtype": info.get("model_dtype"),
+                "workers": info.get("workers"), "by_clients": rows, "vectors": vectors}
 
 
 def agreement(reference: torch.Tensor, vectors: list[dict[int, float]]) -> dict:
