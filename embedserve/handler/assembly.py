@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 WARMUP_TEXT = "Warm-up: the worker embeds this once before it reports ready."
 # What a cached vector is, in the cache's keys: a change of meaning gets new keys, so a shared
 # Redis never answers with an older version's vectors. 2: the encoder's output before the
-# pipeline's final Normalize (unit vectors before, which `normalize: false` cannot undo).
-CACHED_VECTORS = "vectors-2"
+# pipeline's final Normalize (unit vectors before, which `normalize: false` cannot undo). 3: every
+# kind of row, each value self-describing (its kind and shapes before the float32 parts).
+CACHED_VECTORS = "vectors-3"
 
 
 def assemble(model_dir: str | Path, settings: Settings, *, model_name: str, gpu_id: int | None = None,
@@ -130,9 +131,10 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     dtype = f"int8:{runs['engine']}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
         else f"{placement.dtype}:{runs['engine']}"
     dtype += f":{runs['layout']}"
-    # A sparse or hybrid model's rows are entries and token vectors of any count: the cache keeps dense rows only.
-    cache = None if model.sparse or model.m3 or model.multi_vector else open_cache(
-        settings, model_name=model_name, dimension=encoder.dimension,
+    # The cache keeps the rows of the model's kind (dense, sparse, token vectors, bge-m3's three) by its row class's
+    # codec (`rows` is a row class, or a partial of one).
+    cache = open_cache(
+        settings, model_name=model_name, codec=getattr(rows, "func", rows).codec(encoder.dimension),
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)

@@ -30,6 +30,7 @@ from embedserve.handler.execution.device_errors import is_out_of_memory, raise_c
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.description import Pooling
 from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.scheduling.cache import RowCodec
 from embedserve.handler.worker.cpu_lending import CpuLending
 from embedserve.handler.worker.transfer import to_device
 
@@ -54,6 +55,12 @@ class DenseRows:
     def result(self) -> torch.Tensor:
         return Encoder.to_host(self.block)
 
+    @staticmethod
+    def codec(dimension: int) -> RowCodec:
+        """How the cache keeps these rows (scheduling/cache.py): a vector an item."""
+        return RowCodec("dense", ((dimension,),), split=lambda block: list(block.numpy()),
+                        join=lambda rows: torch.from_numpy(np.stack(rows)))
+
 
 class SparseRows:
     """A batch's vocabulary-wide rows (SPLADE) kept as their non-zero entries only, pass by pass:
@@ -74,6 +81,11 @@ class SparseRows:
     def result(self) -> list[np.ndarray]:
         return self.rows
 
+    @staticmethod
+    def codec(dimension: int) -> RowCodec:
+        """How the cache keeps these rows (scheduling/cache.py): an item's ids over its weights."""
+        return RowCodec("sparse", ((2, None),))
+
 
 class TokenRows:
     """A batch's per-token outputs (a multi-vector model, model/multi_vector.py): a (tokens,
@@ -89,6 +101,11 @@ class TokenRows:
 
     def result(self) -> list[np.ndarray]:
         return self.rows
+
+    @staticmethod
+    def codec(dimension: int) -> RowCodec:
+        """How the cache keeps these rows (scheduling/cache.py): an item's token vectors."""
+        return RowCodec("tokens", ((None, dimension),))
 
 
 class HybridVectors(NamedTuple):
@@ -132,6 +149,15 @@ class HybridRows:
 
     def result(self) -> HybridVectors:
         return HybridVectors(self.dense.result(), self.sparse, self.colbert)
+
+    @staticmethod
+    def codec(dimension: int) -> RowCodec:
+        """How the cache keeps these rows (scheduling/cache.py): an item's dense vector, sparse
+        entries and ColBERT vectors, together."""
+        return RowCodec("hybrid", ((dimension,), (2, None), (None, None)),
+                        split=lambda out: list(zip(out.dense.numpy(), out.sparse, out.colbert)),
+                        join=lambda rows: HybridVectors(torch.from_numpy(np.stack([row[0] for row in rows])),
+                                                        [row[1] for row in rows], [row[2] for row in rows]))
 
 
 def _merged_by_id(ids: np.ndarray, weights: np.ndarray) -> np.ndarray:

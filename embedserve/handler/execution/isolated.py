@@ -2,12 +2,15 @@
 
 A forward pass that raises is retried on halves of the batch's requests until the request that
 causes it is found (500 for it, vectors for the rest); a vector that is not finite fails its
-request (and was not cached). A device failure ends the batch: the worker is replaced.
+request (and was not cached). A device failure ends the batch: the worker is replaced. Through a
+cache, the encoder's outputs are cut into a row per input and put back together by the cache's
+row codec, whatever kind of row the model gives (dense, sparse, token vectors, bge-m3's three).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -30,8 +33,9 @@ def embed_isolated(encoder: Encoder, cache: EmbeddingCache | None, jobs: list[tu
     memory, or its error."""
     inputs, spans = flatten([job.inputs for _, job in jobs])
     try:
-        vectors, unfit = _embed(encoder, inputs, report) if cache is None else _embed_cached(encoder, cache, inputs,
-                                                                                                  report)
+        # No input (an inference-free model's queries alone, looked up): nothing to cache.
+        vectors, unfit = _embed(encoder, inputs, report) if cache is None or not inputs else \
+            _embed_cached(encoder, cache, inputs, report)
     except DeviceFailure:
         raise
     except Exception as err:
@@ -69,10 +73,11 @@ def _embed(encoder: Encoder, inputs: list[ModelInput], report: BatchReport
 
 
 def _embed_cached(encoder: Encoder, cache: EmbeddingCache, inputs: list[ModelInput], report: BatchReport
-                  ) -> tuple[torch.Tensor, frozenset[int]]:
-    def embed(missing: list[ModelInput]):
+                  ) -> tuple[Any, frozenset[int]]:
+    """As `_embed`, through the cache: the outputs in the encoder's own shape."""
+    def embed(missing: list[ModelInput]) -> tuple[list, frozenset[int]]:
         vectors, unfit = _embed(encoder, missing, report)
-        return vectors.numpy(), unfit
+        return cache.codec.split(vectors), unfit
 
-    rows, unfit = embed_cached(cache, inputs, embed, report, encoder.dimension)
-    return torch.from_numpy(rows), unfit
+    rows, unfit = embed_cached(cache, inputs, embed, report)
+    return cache.codec.join(rows), unfit

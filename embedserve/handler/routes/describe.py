@@ -99,7 +99,7 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
         "max_batch_tokens": placement.max_batch_tokens,
         "max_batch_size": settings.max_batch_size,
         "pass_overhead_tokens": encoder.pass_overhead_tokens,
-        "cache": {"memory_entries": settings.cache_entries if cache and cache.memory else 0,
+        "cache": {"memory_entries": settings.cache_entries if cache and cache.memory is not None else 0,
                   "redis": bool(cache and cache.redis)},
         "output_dtypes": list(OUTPUT_DTYPES),
         "encoding_formats": list(ENCODING_FORMATS),
