@@ -98,6 +98,17 @@ class JsonlOutput:
             self._file.close()
 
 
+def vector_column(vectors: list[np.ndarray | None], values: int):
+    """An Arrow fixed_size_list<float32>[values] column, null where a row has no vector."""
+    import pyarrow as pa
+
+    missing = np.array([v is None for v in vectors], dtype=bool)
+    filler = np.zeros(values, np.float32)
+    flat = np.concatenate([filler if v is None else v for v in vectors] or [np.zeros(0, np.float32)])
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.astype(np.float32, copy=False)), values,
+                                             mask=pa.array(missing) if missing.any() else None)
+
+
 class ParquetOutput:
     """Rows buffered into part files in `<output>.parts/`, each renamed into place once complete;
     at the end the parts become the output's row groups, in order, and the folder goes."""
@@ -140,12 +151,7 @@ class ParquetOutput:
 
         if not self._ids:
             return
-        missing = np.array([v is None for v in self._vectors])
-        filler = np.zeros(self.values, np.float32)
-        flat = np.concatenate([filler if v is None else v for v in self._vectors]).astype(np.float32, copy=False)
-        embedding = pa.FixedSizeListArray.from_arrays(pa.array(flat), self.values,
-                                                      mask=pa.array(missing) if missing.any() else None)
-        table = pa.table({"id": pa.array(self._ids), "embedding": embedding,
+        table = pa.table({"id": pa.array(self._ids), "embedding": vector_column(self._vectors, self.values),
                           "error": pa.array(self._errors, pa.string())})
         name = part_name(self._rows)
         pq.write_table(table, self.parts / f"{name}.tmp")

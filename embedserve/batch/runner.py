@@ -1,30 +1,22 @@
 """The job: entries from the input, requests through the pool, results to the output in order.
 
 Batch-file lines go to the service one request each, as written. Table rows go in groups
-(grouping.py) to the OpenAI route as base64 float32 (exact, and a third the size of JSON
-numbers); a group the service refuses (400, 413, 422, 500, 507) is split in halves until the rows
-at fault are alone, so one bad row fails alone, as a bad request fails alone in the service."""
+(grouping.py) to the OpenAI route, each group's rows embedded as embedding.py does it (a refused
+group split until the rows at fault are alone)."""
 
 from __future__ import annotations
 
-import base64
 import threading
 from typing import Any, Callable, Iterator
 
-import numpy as np
-import orjson
-
-from embedserve.batch.client import Client
+from embedserve.batch.client import Answer, Client
+from embedserve.batch.embedding import group_outcomes
 from embedserve.batch.grouping import Group
 from embedserve.batch.inputs import BATCH_ROUTES, Line
-from embedserve.batch.outputs import error_message, result_line
+from embedserve.batch.outputs import result_line
 from embedserve.batch.pool import OrderedPool
 from embedserve.batch.progress import Progress, Tally
-from embedserve.batch.server import Endpoint, JobError
-
-# A group refused with one of these is split, to find the rows at fault; another status fails all its rows.
-SPLIT_STATUSES = frozenset({400, 413, 422, 500, 507})
-NOT_SENT = "not sent"
+from embedserve.batch.server import Endpoint
 
 
 class Runner:
@@ -64,33 +56,15 @@ class Runner:
             self._advance(len(ids), statuses)
 
     def _group_call(self, group: Group, url: str, options: dict[str, Any], values: int):
-        def call():
-            texts = group.texts
-            sent = iter(self._embed(url, texts, options, values) if texts else [])
-            ids, vectors, errors, statuses = [], [], [], []
-            for i, row in enumerate(group.rows):
-                ids.append(row.id)
-                if i in group.refused:
-                    vector, error, status = None, f"{NOT_SENT}: {group.refused[i]}", NOT_SENT
-                else:
-                    vector, error, status = next(sent)
-                vectors.append(vector)
-                errors.append(error)
-                statuses.append(status)
-            return ids, vectors, errors, statuses
-        return call
+        def post(body: bytes) -> Answer:
+            answer = self.client.post(url, body)
+            self._sent()
+            return answer
 
-    def _embed(self, url: str, texts: list[str], options: dict[str, Any], values: int) -> list[tuple]:
-        """(vector, None, 200) or (None, error, status) for each text, in order."""
-        body = orjson.dumps({**options, "model": self.endpoint.model, "input": texts, "encoding_format": "base64"})
-        answer = self.client.post(url, body)
-        self._sent()
-        if answer.status == 200:
-            return [(v, None, 200) for v in decode_vectors(answer.body, len(texts), values)]
-        if answer.status in SPLIT_STATUSES and len(texts) > 1:
-            half = len(texts) // 2
-            return self._embed(url, texts[:half], options, values) + self._embed(url, texts[half:], options, values)
-        return [(None, error_message(answer), answer.status)] * len(texts)
+        def call():
+            outcomes = group_outcomes(post, group, options, self.endpoint.model, values)
+            return [row.id for row in group.rows], *(list(column) for column in zip(*outcomes))
+        return call
 
     def _advance(self, rows: int, statuses: list) -> None:
         self.tally.rows += rows
@@ -99,15 +73,3 @@ class Runner:
                 self.tally.failed[status] += 1
         self.progress.advance(rows)
 
-
-def decode_vectors(body: bytes, count: int, values: int) -> list[np.ndarray]:
-    """The float32 vectors of an OpenAI-shape answer in base64, in input order."""
-    try:
-        data = sorted(orjson.loads(body)["data"], key=lambda d: d["index"])
-        vectors = [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in data]
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise JobError(f"the service answered 200 with a body this command cannot read ({err}): {body[:200]!r}")
-    if len(vectors) != count or any(len(v) != values for v in vectors):
-        raise JobError(f"the service answered {len(vectors)} vectors of {sorted({len(v) for v in vectors})} values "
-                       f"for {count} texts of {values}")
-    return vectors

@@ -1,0 +1,5 @@
+import sys
+
+from embedserve.ray_data.job import main
+
+sys.exit(main())
