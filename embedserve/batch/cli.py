@@ -145,15 +145,18 @@ class Job:
                       "concurrency", file=sys.stderr)
         return concurrency(capacity, self.source.grouped)
 
-    def _check_task(self, limits: Limits) -> None:
+    def _unserved(self, limits: Limits) -> dict[str, str]:
+        """The batch file's urls the model does not serve, and why: those lines get that error. A
+        table goes to /v1/embeddings, which a model of another task does not serve: the job stops."""
         if self.format == "batch":
             urls = self.source.urls
             wrong = urls - RERANK_URLS if limits.task == "rerank" else urls & RERANK_URLS if limits.task == "embed" else urls
         else:
             wrong = {"/v1/embeddings"} if limits.task != "embed" else set()
-        if wrong:
-            raise JobError(f"model {self.endpoint.model} (task: {limits.task}) does not serve "
-                           f"{', '.join(sorted(wrong))}")
+        why = {url: f"model {self.endpoint.model} (task: {limits.task}) does not serve {url}" for url in wrong}
+        if why and self.format != "batch":
+            raise JobError(why["/v1/embeddings"])
+        return why
 
     def _values(self, limits: Limits) -> int:
         """Values a vector has in the answer: `dimensions`, or 1 bit a dimension packed 8 to a byte."""
@@ -185,7 +188,7 @@ class Job:
         args = self.args
         total = self.source.scan()
         limits = Limits.from_info(self.client.get_json(self.endpoint.route("info"), "the model's /info"))
-        self._check_task(limits)
+        unserved = self._unserved(limits)
         values = self._values(limits)
         output = self._output(values)
         if isinstance(output, ParquetOutput) and args.output.exists() and not output.parts.exists() \
@@ -207,7 +210,7 @@ class Job:
         outcome, code, complete = "done", 0, False
         try:
             if self.format == "batch":
-                runner.run_lines(self.source.entries(done))
+                runner.run_lines(self.source.entries(done), unserved)
             else:
                 budget = Budget.of(limits, width, values, self.endpoint.model, args.rows_per_request)
                 runner.run_groups(groups(self.source.entries(done), budget), self.options, values)

@@ -1,10 +1,13 @@
 """The input, checked and read row by row: an OpenAI batch file, or a table (Parquet, JSONL, CSV)
 with a text column and an optional id column.
 
-Every input is checked once in full before anything is sent (`scan`, which also counts the
-rows for the progress bar), so a bad line stops the job at once with a message naming it, as the
-OpenAI Batch API refuses a bad file, not after hours of embedding. Then `entries(skip)` reads it
-again in order, from the first row an earlier run did not write."""
+Every input is read once in full before anything is sent (`scan`, which also counts the rows for
+the progress bar): a table that cannot be read as one (a missing column, a text that is not a
+string) stops the job at once with a message naming the row, not after hours of embedding. A
+batch-file line that is not a request this command can send (not JSON, a missing or wrong field,
+a url it does not send) is not sent: it gets its own error result naming the line and why, and
+the other lines are answered, as OpenAI's and vLLM's batch jobs do. Then `entries(skip)` reads
+the input again in order, from the first row an earlier run did not write."""
 
 from __future__ import annotations
 
@@ -31,11 +34,12 @@ class InputError(JobError):
 
 @dataclass(frozen=True)
 class Line:
-    """One request of an OpenAI batch file."""
+    """One request of an OpenAI batch file; `error` says why it is not sent (None: it is)."""
 
-    custom_id: str
+    custom_id: str | None  # None where the line has none that is a string
     url: str  # as written in the file ("/v1/embeddings")
     body: bytes  # the request body, as JSON
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,23 +86,32 @@ class BatchFile:
 
     def parse(self, number: int, raw: bytes) -> Line:
         where = f"{self.path}:{number}"
-        entry = json_object_line(raw, where, "a line must be a JSON object with custom_id, method, url and body")
+        try:
+            entry = json_object_line(raw, where, "a line must be a JSON object with custom_id, method, url and body")
+        except InputError as err:
+            return Line(None, "", b"", str(err))
         custom_id, method, url, body = (entry.get(k) for k in ("custom_id", "method", "url", "body"))
+        named = custom_id if isinstance(custom_id, str) else None
+
+        def refused(why: str) -> Line:
+            return Line(named, url if isinstance(url, str) else "", b"", f"{where}: {why}")
+
         if not isinstance(custom_id, str) or not custom_id:
-            raise InputError(f"{where}: 'custom_id' must be a non-empty string")
+            return refused("'custom_id' must be a non-empty string")
         if method != "POST":
-            raise InputError(f"{where}: 'method' must be \"POST\", got {method!r}")
+            return refused(f"'method' must be \"POST\", got {method!r}")
         if url not in BATCH_ROUTES:
-            raise InputError(f"{where}: 'url' {url!r} is not one this command sends; it sends "
-                             f"{', '.join(BATCH_ROUTES)}")
+            return refused(f"'url' {url!r} is not one this command sends; it sends {', '.join(BATCH_ROUTES)}")
         if not isinstance(body, dict):
-            raise InputError(f"{where}: 'body' must be a JSON object (the request's body)")
+            return refused("'body' must be a JSON object (the request's body)")
         return Line(custom_id, url, orjson.dumps(body))
 
     def scan(self) -> int:
         count = 0
         for number, raw in self._lines():
-            self.urls.add(self.parse(number, raw).url)
+            line = self.parse(number, raw)
+            if line.error is None:
+                self.urls.add(line.url)
             count += 1
         return count
 

@@ -65,6 +65,13 @@ def error_message(answer: Answer) -> str:
     return f"HTTP {answer.status}: {message}"
 
 
+def refused_line(custom_id: str | None, message: str) -> bytes:
+    """The output line of a batch-file line that was not sent: no response, and why, as OpenAI's
+    batch output gives a request that got none."""
+    return orjson.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
+                         "error": {"code": "invalid_request", "message": message}}) + b"\n"
+
+
 class JsonlOutput:
     """Lines appended in order and flushed after each request's rows."""
 

@@ -10,10 +10,10 @@ import threading
 from typing import Any, Callable, Iterator
 
 from embedserve.batch.client import Answer, Client
-from embedserve.batch.embedding import group_outcomes
+from embedserve.batch.embedding import NOT_SENT, group_outcomes
 from embedserve.batch.grouping import Group
 from embedserve.batch.inputs import BATCH_ROUTES, Line
-from embedserve.batch.outputs import result_line
+from embedserve.batch.outputs import refused_line, result_line
 from embedserve.batch.pool import OrderedPool
 from embedserve.batch.progress import Progress, Tally
 from embedserve.batch.server import Endpoint
@@ -33,12 +33,16 @@ class Runner:
 
     # --- batch files ---------------------------------------------------------------------------
 
-    def run_lines(self, lines: Iterator[Line]) -> None:
-        for line, status in self.pool.map(self._line_call(line) for line in lines):
+    def run_lines(self, lines: Iterator[Line], unserved: dict[str, str]) -> None:
+        """`unserved`: the urls the model does not serve, and why."""
+        for line, status in self.pool.map(self._line_call(line, unserved) for line in lines):
             self.output.write_lines([line])
             self._advance(1, [status])
 
-    def _line_call(self, line: Line) -> Callable[[], tuple[bytes, int]]:
+    def _line_call(self, line: Line, unserved: dict[str, str]) -> Callable[[], tuple[bytes, int | str]]:
+        if line.error is not None or line.url in unserved:
+            refused = refused_line(line.custom_id, line.error or unserved[line.url])
+            return lambda: (refused, NOT_SENT)
         url = self.endpoint.route(BATCH_ROUTES[line.url])
 
         def call():

@@ -18,7 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import requests
 
+from bench.recovery import model_workers, wait_replaced
 from tests.support import REPO
 from tests.support.client import predict
 from tests.support.inputs import varied_texts
@@ -151,11 +153,58 @@ def test_a_killed_run_is_completed_by_a_rerun_each_row_once(server, tmp_path):
     assert output.read_text().count("\n") == count
 
 
-def test_a_job_level_failure_exits_non_zero_and_names_the_line(server, tmp_path):
+def test_bad_lines_get_their_own_error_results_and_the_rest_is_answered(server, tmp_path):
+    info = requests.get(f"{server.url('inference')}/predictions/tiny/1.0/info", headers=server.auth(), timeout=30)
+    too_many = info.json()["max_client_batch_size"] + 1
     source = tmp_path / "requests.jsonl"
-    source.write_text(request_line("a", {"input": "x"}) + '{"custom_id": "b", "method": "GET"}\n')
-    done = batch(server, source, tmp_path / "out.jsonl", check=False)
-    assert done.returncode == 1 and "requests.jsonl:2: 'method' must be \"POST\"" in done.stderr
+    source.write_text("".join([
+        request_line("ok-0", {"input": "a cat"}),
+        "{not json\n",
+        json.dumps({"custom_id": "get", "method": "GET", "url": "/v1/embeddings", "body": {"input": "x"}}) + "\n",
+        json.dumps({"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": {}}) + "\n",
+        request_line("rerank", {"query": "q", "documents": ["d"]}).replace("/v1/embeddings", "/v1/rerank"),
+        request_line("big", {"input": ["x"] * too_many}),  # over the service's limit: its own 413
+        request_line("ok-1", {"input": "a car"}),
+    ]))
+    done = batch(server, source, tmp_path / "results.jsonl")
+    assert "2 succeeded, 5 failed (not sent: 4, 413: 1)" in done.stderr, done.stderr
+    results = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["ok-0", None, "get", "chat", "rerank", "big", "ok-1"]
+    assert [r["response"] and r["response"]["status_code"] for r in results] == [200, None, None, None, None, 413, 200]
+    messages = [r["error"] and r["error"]["message"] for r in results]
+    assert "requests.jsonl:2: not a JSON line" in messages[1]
+    assert "requests.jsonl:3: 'method' must be \"POST\"" in messages[2]
+    assert "requests.jsonl:4: 'url' '/v1/chat/completions' is not one" in messages[3]
+    assert "model tiny (task: embed) does not serve /v1/rerank" in messages[4]
+    assert all(r["error"]["code"] == "invalid_request" for r in results[1:5])
+    assert str(too_many) in results[5]["response"]["body"]["error"]["message"]
+
+
+def test_a_worker_restarted_mid_job_loses_no_row(server, tmp_path):
+    texts = varied_texts(20_000, seed=9)
+    ids = [f"doc-{i}" for i in range(len(texts))]
+    pq.write_table(pa.table({"doc_id": ids, "text": texts}), tmp_path / "corpus.parquet")
+    output = tmp_path / "vectors.jsonl"  # flushed after each request: its lines show the progress
+    running = batch(server, tmp_path / "corpus.parquet", output, "--id-column", "doc_id", "--rows-per-request", "8",
+                    background=True)
+    deadline = time.monotonic() + 120
+    while not output.exists() or output.read_bytes().count(b"\n") < 500:
+        assert running.poll() is None and time.monotonic() < deadline, "the job ended or stalled before the kill"
+        time.sleep(0.05)
+    [worker] = model_workers(server, "tiny")
+    os.kill(worker["pid"], signal.SIGKILL)
+    assert running.wait(timeout=300) == 0
+    wait_replaced(server, "tiny", {worker["pid"]}, 1, timeout=120)
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert rows[-1]["id"] == ids[-1] and len(rows) < len(texts) * 2  # the kill came before the end
+    assert [r["id"] for r in rows] == ids  # every row once, in order
+    assert all(r["error"] is None and len(r["embedding"]) == 32 for r in rows)
+
+
+def test_a_job_level_failure_exits_non_zero_and_names_the_problem(server, tmp_path):
+    (tmp_path / "table.jsonl").write_text('{"text": "a"}\n{"text": 42}\n')
+    done = batch(server, tmp_path / "table.jsonl", tmp_path / "out.jsonl", check=False)
+    assert done.returncode == 1 and "table.jsonl:2" in done.stderr, done.stderr
     assert not (tmp_path / "out.jsonl").exists()
 
     command = [str(COMMAND), "batch", str(tmp_path / "in.jsonl"), str(tmp_path / "o.jsonl"), "--url",

@@ -4,6 +4,7 @@ input refused before anything is sent, with a message naming the file and line."
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,10 +39,13 @@ def test_a_batch_file_is_read_in_order_from_any_line(tmp_path):
     (json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": "x"}),
      r"in\.jsonl:3: 'body' must be a JSON object"),
 ])
-def test_a_bad_batch_line_is_named(tmp_path, bad, message):
+def test_a_bad_batch_line_is_named_and_not_sent(tmp_path, bad, message):
     path = write(tmp_path / "in.jsonl", [line("r0"), line("r1"), bad, line("r3")])
-    with pytest.raises(InputError, match=message):
-        BatchFile(path).scan()
+    source = BatchFile(path)
+    assert source.scan() == 4 and source.urls == {"/v1/embeddings"}  # the bad line's url is not sent
+    entries = list(source.entries())
+    assert [e.error is None for e in entries] == [True, True, False, True]
+    assert re.search(message, entries[2].error), entries[2].error
 
 
 def test_formats_are_told_from_the_file(tmp_path):
