@@ -30,6 +30,7 @@ from embedserve.archive.default_model import NAME as DEFAULT_NAME
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.digest import sha256_files
 from embedserve.archive.metrics_config import write_metrics_config
+from embedserve.archive.native import native_note
 from embedserve.archive.onnx_export import export_onnx
 from embedserve.archive.smoke import SmokeError, check_model
 from embedserve.archive.stage import PICKLE_SUFFIXES, StageError, stage_model
@@ -111,6 +112,8 @@ def build(args: argparse.Namespace) -> Path:
     with tempfile.TemporaryDirectory(prefix="build_mar-") as tmp:
         stage = Path(tmp) / "stage"
         stage_model(source, stage / "model")
+        if native_note(stage / "model"):  # a remote-code original, rewritten for transformers' native class
+            print(native_note(stage / "model"), file=sys.stderr)
         stage_handler(stage)
         print(stage_assets(stage), file=sys.stderr)  # the API page's files, or why not
         write_metrics_config(stage / METRICS_FILE)

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors.torch import save_file
 
+from embedserve.archive.native import convert_to_native
 from embedserve.handler.model.files import M3_HEAD_FILES
 
 CONFIG_FILES = ("config.json", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
@@ -55,6 +56,7 @@ def stage_model(source: Path, target: Path) -> None:
             _convert_pickled_weights(source / f"{head}.pt", target / f"{head}.safetensors")
     if not (target / "tokenizer.json").is_file():
         _convert_tokenizer(source, target)
+    convert_to_native(target)  # an original remote-code layout (nomic-bert, GTE "new") -> the native class's
 
 
 def _is_router(source: Path) -> bool:

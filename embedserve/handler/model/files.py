@@ -87,10 +87,13 @@ def check_architecture(config: dict[str, Any]) -> None:
                               "decoder-only embedding models are supported")
     from transformers import CONFIG_MAPPING
 
+    if any(key.startswith(("AutoModel", "AutoConfig")) for key in config.get("auto_map") or {}):
+        raise ModelFilesError(f"model_type '{model_type}' ships its own code (auto_map), which this server never "
+                              "runs; ./build_mar.sh rewrites the original nomic-bert and GTE layouts for transformers' "
+                              "native classes and refuses others; see the supported families in docs/models.md")
     if model_type not in CONFIG_MAPPING:
-        remote = " and ships its own code (auto_map), which this server never runs" if config.get("auto_map") else ""
-        raise ModelFilesError(f"model_type '{model_type}' is not an architecture of the installed transformers"
-                              f"{remote}; see the supported families in docs/models.md")
+        raise ModelFilesError(f"model_type '{model_type}' is not an architecture of the installed transformers; "
+                              "see the supported families in docs/models.md")
 
 
 def usable_positions(config: dict[str, Any]) -> int | None:

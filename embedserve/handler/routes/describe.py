@@ -84,6 +84,7 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
         "embedding_dimension": encoder.dimension,
         "max_input_length": text.max_length,
         "architecture": model.model_type,
+        "model_class": _model_class(model),  # transformers' native class (NomicBertModel for a converted nomic-bert)
         "pooling": encoder.pooling.name if model.scoring is None or not model.scoring.own_head else None,
         "modules": model.modules,
         "normalize": settings.normalize,
@@ -105,6 +106,15 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
         "encoding_formats": list(ENCODING_FORMATS),
         "api_page": assets_present(),
     }
+
+
+def _model_class(model: ModelDescription) -> str | None:
+    """The transformers class the model is loaded as (or, on ONNX, was exported from)."""
+    from transformers.models.auto import modeling_auto
+
+    names = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES if model.scoring and model.scoring.own_head \
+        else modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES if model.sparse else modeling_auto.MODEL_MAPPING_NAMES
+    return names.get(model.model_type)
 
 
 def _model_type(model: ModelDescription) -> Any:
