@@ -14,7 +14,8 @@ are renamed as transformers' own conversion_mapping.py renames them on load (fus
 the GTE `up_gate_proj` split), then checked strictly against the native model's names and shapes:
 a missing or unexpected weight refuses the build, naming it. `auto_map` is dropped, and the staged
 config records what it was converted from (NATIVE_FIELD). A folder whose `auto_map` names code
-with no native port here is refused.
+with no native port here is refused; so is jina-embeddings-v3 (XLMRobertaLoRA), whose native
+port lacks what its code computes (_NO_EXACT_PORT says what).
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ def native_note(folder: Path) -> str | None:
 
 # The classes each family's own code names in `auto_map` for its encoder.
 _KNOWN_CODE = {"nomic": ("NomicBertModel",), "gte": ("NewModel", "GteModel")}
+# Code transformers ports natively but not exactly: the reason the build gives instead of converting.
+_NO_EXACT_PORT = {
+    "XLMRobertaLoRA": (
+        "transformers' native JinaEmbeddingsV3Model ports its encoder (rotary XLM-RoBERTa, fused mixer.Wqkv) but "
+        "not its LoRA task adapters: it has no adapter weights and no way to select one, so the vectors its 'task' "
+        "selects (retrieval.query, retrieval.passage, separation, classification, text-matching) cannot be "
+        "computed; converting would serve the adapter-free base model under the adapters' prompts"),
+}
 _NOMIC_NAMES = ("n_embd", "n_layer", "n_head", "n_inner", "rotary_emb_base", "activation_function")
 
 
@@ -89,6 +98,11 @@ def _family(config: dict[str, Any]) -> str | None:
                if family is None or value.rsplit(".", 1)[-1] not in _KNOWN_CODE[family]}
     if unknown:
         key, value = sorted(unknown.items())[0]
+        reason = _NO_EXACT_PORT.get(value.rsplit(".", 1)[-1])
+        if reason:
+            raise NativeLayoutError(f"config.json: auto_map {key} is '{value}', the model's own code, which this "
+                                    f"server never runs, and transformers has no native port of all it computes: "
+                                    f"{reason}; see docs/models.md")
         ported = "; ".join(f"{', '.join(classes)} ({name})" for name, classes in _KNOWN_CODE.items())
         raise NativeLayoutError(
             f"config.json: auto_map {key} is '{value}', the model's own code, which this server never runs, and "

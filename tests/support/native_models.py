@@ -202,3 +202,63 @@ def original_ntk_inv_freq(theta: float, factor: float, head_dim: int) -> torch.T
     load for every length): base theta * factor, divided by factor ** (2 / head_dim)."""
     inv_freq = 1.0 / ((theta * factor) ** (torch.arange(0, head_dim, 2).float() / head_dim))
     return inv_freq / factor ** (2 / head_dim)
+
+
+# --- EmbeddingGemma and jina-embeddings-v3 ----------------------------------------------------------
+
+# EmbeddingGemma's prompts (embeddinggemma-300m's config_sentence_transformers.json names more tasks).
+GEMMA_PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: ",
+                 "Classification": "task: classification | query: "}
+GEMMA_SLIDING_WINDOW = 16  # as config.json states it; bidirectional layers see |i - j| < 16 // 2 + 1
+# jina-embeddings-v3's original config.json, as published (its own XLMRobertaLoRA code).
+JINA_V3_AUTO_MAP = {"AutoConfig": "jinaai/xlm-roberta-flash-implementation--configuration_xlm_roberta."
+                                  "XLMRobertaFlashConfig",
+                    "AutoModel": "jinaai/xlm-roberta-flash-implementation--modeling_lora.XLMRobertaLoRA",
+                    "AutoModelForMaskedLM": "jinaai/xlm-roberta-flash-implementation--modeling_xlm_roberta."
+                                            "XLMRobertaForMaskedLM",
+                    "AutoModelForPreTraining": "jinaai/xlm-roberta-flash-implementation--modeling_xlm_roberta."
+                                               "XLMRobertaForPreTraining"}
+JINA_V3_TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
+JINA_V3_CONFIG = {"architectures": ["XLMRobertaLoRA"], "auto_map": JINA_V3_AUTO_MAP, "model_type": "xlm-roberta",
+                  "lora_adaptations": list(JINA_V3_TASKS), "lora_alpha": 1, "lora_rank": 4,
+                  "load_trained_adapters": True, "position_embedding_type": "rotary", "rotary_emb_base": 20000.0,
+                  "matryoshka_dimensions": [32, 64, 128, 256, 512, 768, 1024]}
+
+
+def make_embeddinggemma(path: Path, *, seed: int = 0) -> Path:
+    """The embeddinggemma-300m shape, made and saved by sentence-transformers' own classes: a
+    Gemma3TextModel with bidirectional attention (sliding-window and full layers, grouped keys),
+    Gemma's tokenizer (<bos> ... <eos>, left padding), mean pooling, two Dense layers without bias
+    or activation (hidden -> 4 hidden -> hidden), Normalize, and its task prompts."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense, Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    from tests.support.model_families import corpus
+
+    torch.manual_seed(seed)
+    backbone = path.parent / f"{path.name}-backbone"
+    tokenizer = GemmaTokenizer(add_bos_token=True, add_eos_token=True, model_max_length=2048)
+    tokenizer = tokenizer.train_new_from_iterator(corpus(), vocab_size=300)
+    tokenizer.save_pretrained(backbone)
+    model = Gemma3TextModel(Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=HEADS, num_key_value_heads=1, head_dim=8, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        sliding_window=GEMMA_SLIDING_WINDOW, max_position_embeddings=256, use_bidirectional_attention=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id))
+    with torch.no_grad():  # livelier than the initialization (zero RMSNorm weights), so that vectors differ clearly
+        for name, parameter in model.named_parameters():
+            parameter.normal_(0, 0.2 if parameter.dim() == 2 else 0.3)
+    model.eval().save_pretrained(backbone)
+    width = 4 * HIDDEN
+    identity = torch.nn.Identity()
+    modules = [Transformer(str(backbone), max_seq_length=64), Pooling(HIDDEN, "mean"),
+               Dense(HIDDEN, width, bias=False, activation_function=identity),
+               Dense(width, HIDDEN, bias=False, activation_function=identity), Normalize()]
+    SentenceTransformer(modules=modules, prompts=GEMMA_PROMPTS, device="cpu").save(str(path))
+    shutil.rmtree(backbone)
+    return path
