@@ -128,8 +128,9 @@ def as_int(value: Any) -> int | None:
 
 
 def option_value(payload: dict, key: str, kind: type, choices: tuple[str, ...] = (),
-                 case_insensitive: bool = False) -> Any:
-    """The option's value, None where it is missing or null; refuses a wrong type or value."""
+                 case_insensitive: bool = False, minimum: int = 1) -> Any:
+    """The option's value, None where it is missing or null; refuses a wrong type or value (an
+    integer below `minimum`)."""
     value = payload.get(key)
     if value is None:
         return None
@@ -137,8 +138,9 @@ def option_value(payload: dict, key: str, kind: type, choices: tuple[str, ...] =
         raise malformed(f"'{key}' must be true or false, got {json_type(value)}", param=key)
     if kind is int:
         number = as_int(value)
-        if number is None or number < 1:
-            raise malformed(f"'{key}' must be a positive integer, got {json_type(value)} {short(value)}", param=key)
+        if number is None or number < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+            raise malformed(f"'{key}' must be {what}, got {json_type(value)} {short(value)}", param=key)
         return number
     if kind is str and not isinstance(value, str):
         raise malformed(f"'{key}' must be a string, got {json_type(value)}", param=key)

@@ -23,7 +23,7 @@ from embedserve.handler.routes import native, openai, sparse, tei
 from embedserve.handler.routes.base import RouteSpec, embedding_request
 from embedserve.handler.routes.openai import encode_vector, openai_list
 from embedserve.handler.routes.schema import ServedModel, ref
-from embedserve.handler.tasks.embed import EmbeddingRequest, Options
+from embedserve.handler.tasks.embed import EmbeddingRequest, Options, refuse_long_input
 from embedserve.handler.tasks.hybrid import OUTPUTS, HybridRequest, HybridResult, hybrid_request, parse_outputs
 from embedserve.handler.tasks.sparse import parse_sparse_options
 
@@ -31,6 +31,7 @@ HYBRID = frozenset({Task.HYBRID})
 
 
 def _with_outputs(request: EmbeddingRequest, payload: dict[str, Any]) -> HybridRequest:
+    refuse_long_input(payload, "hybrid")
     if request.route.tei:  # a TEI body on the native route is TEI's /embed: dense vectors
         if parse_outputs(payload.get("outputs")) != ("dense",):
             raise malformed("'outputs' does not apply to TEI's /embed, which answers dense vectors", param="outputs")

@@ -25,9 +25,13 @@ from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Emb
 
 
 def encode_list(request: EmbeddingRequest, result: Embeddings, model_name: str) -> bytes:
-    """OpenAI's list of embeddings (also the native route's answer)."""
-    return openai_list([{"object": "embedding", "index": i, "embedding": encode_vector(row, request)}
-                        for i, row in enumerate(result.vectors)], model_name, result.tokens)
+    """OpenAI's list of embeddings (also the native route's answer); with "long_input": "chunk",
+    each item also says how many windows its input was cut into."""
+    items = [{"object": "embedding", "index": i, "embedding": encode_vector(row, request)}
+             for i, row in enumerate(result.vectors)]
+    for item, windows in zip(items, result.windows or ()):
+        item["windows"] = windows
+    return openai_list(items, model_name, result.tokens)
 
 
 def openai_list(items: list[dict[str, Any]], model_name: str, tokens: int) -> bytes:
@@ -78,7 +82,9 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                 "data": {"type": "array", "minItems": 1, "maxItems": settings.max_inputs_per_request, "items": {
                     "type": "object", "required": ["object", "index", "embedding"],
                     "properties": {"object": {"const": "embedding"}, "index": {"type": "integer", "minimum": 0},
-                                   "embedding": ref("Vector")}}},
+                                   "embedding": ref("Vector"),
+                                   "windows": {"type": "integer", "minimum": 1, "description": "with \"long_input\": "
+                                               "\"chunk\": the windows the input was cut into"}}}},
                 "model": {"const": model.name},
                 "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
                     "prompt_tokens": {"type": "integer", "minimum": 1}, "total_tokens": {"type": "integer",

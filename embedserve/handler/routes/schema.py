@@ -19,7 +19,7 @@ from embedserve.handler.api.route import Route
 from embedserve.handler.api.server import PLAIN, ServerProfile
 from embedserve.handler.model.description import Task
 from embedserve.handler.settings import Settings
-from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, Options
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, INT_MINIMUMS, OPTION_TYPES, Options
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -71,6 +71,9 @@ OPTION_NOTES = {
     "encoding_format": "JSON numbers, or base64: on the OpenAI route little-endian float32 bytes of the values "
                        "whatever the dtype; on the native and TEI routes one byte a code for quantized dtypes",
     "add_special_tokens": "/tokenize: list the model's special tokens too (elsewhere checked, no effect)",
+    "long_input": "an input over the max input length: `truncate` cuts it (see `truncate`); `chunk` cuts it into "
+                  "windows of that length, embeds each and answers their mean weighted by their text tokens",
+    "chunk_overlap": "with `long_input` chunk: tokens of text each window repeats of the one before",
     "model": "accepted and ignored: the URL names the model",
     "user": "accepted and ignored",
 }
@@ -200,7 +203,7 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
         if default is None:  # the server's setting
             default = getattr(model.settings, key)
     elif kind is int:
-        schema = {"type": ["integer", "null"], "minimum": 1}
+        schema = {"type": ["integer", "null"], "minimum": INT_MINIMUMS.get(key, 1)}
     elif key in CASE_INSENSITIVE:
         schema = {"type": ["string", "null"], "pattern": "|".join(f"^{any_case(choice)}$" for choice in choices),
                   "examples": list(choices)}

@@ -9,7 +9,9 @@ one ModelInput per input, its answer's size bound, and its result; the route fam
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Callable, Protocol, Sequence, Union
 
 import torch
@@ -41,6 +43,14 @@ class Job:
     # What the task computed without the model, and its tokens (an inference-free query's weights):
     # such a job has no model inputs.
     computed: tuple[Any, int] | None = None
+    # Inputs cut into windows (tasks/chunking.py): each input's count of model inputs, in order,
+    # and each model input's weight in its input's vector; None: one model input per input.
+    windows: tuple[int, ...] | None = None
+    weights: tuple[int, ...] | None = None
+
+    def owner(self, item: int) -> int:
+        """The request's input that model input `item` is (a window of)."""
+        return item if self.windows is None else bisect_right(list(accumulate(self.windows)), item)
 
     @property
     def tokens(self) -> int:
@@ -145,6 +155,7 @@ def each_result(jobs: dict[int, Job], shape: Callable[[int, Job], Any], what: st
 
 
 def does_not_fit(job: Job, item: int) -> RequestError:
-    param = job.request.param(item)
-    return out_of_memory(f"'{param}' ({len(job.inputs[item])} tokens) does not fit in memory even alone; send it "
-                         "shorter or lower max_length", param=param)
+    param = job.request.param(job.owner(item))
+    what = "a window of " if job.windows is not None else ""
+    return out_of_memory(f"{what}'{param}' ({len(job.inputs[item])} tokens) does not fit in memory even alone; send "
+                         "it shorter or lower max_length", param=param)

@@ -27,10 +27,14 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
+from embedserve.handler.tasks.chunking import check_overlap, chunk_inputs, pool_windows
 from embedserve.handler.worker.failures import log_failure
 
 ENCODING_FORMATS = ("float", "base64")
 TRUNCATION_DIRECTIONS = ("right", "left")
+# An input longer than the model: cut to its length (truncate: false refuses it), or cut into
+# windows of the model's length, each embedded, their vectors combined (chunking.py).
+LONG_INPUTS = ("truncate", "chunk")
 
 # Every option of an embedding request, parsed alike on every route: its JSON type and, for a
 # string, its values (the first is the default; none listed: any string). A missing field or null
@@ -44,7 +48,11 @@ OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
     "output_dtype": (str, OUTPUT_DTYPES),
     "encoding_format": (str, ENCODING_FORMATS),
     "add_special_tokens": (bool, ()),  # /tokenize only
+    "long_input": (str, LONG_INPUTS),
+    "chunk_overlap": (int, ()),  # tokens each window repeats of the one before (0 and up)
 }
+# Integer options that may be 0 (the others must be positive).
+INT_MINIMUMS = {"chunk_overlap": 0}
 # Options whose values are matched in any case: TEI clients send "Left" and "Right".
 CASE_INSENSITIVE = ("truncation_direction",)
 # OpenAI's request fields the URL makes needless: checked to be strings, then ignored.
@@ -65,6 +73,8 @@ class Options:
     output_dtype: str = "float"
     encoding_format: str = "float"
     add_special_tokens: bool = True  # /tokenize only
+    long_input: str = "truncate"
+    chunk_overlap: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,7 @@ class Embeddings:
     """An embedding request's result: its vectors in the requested dtype, and its tokens."""
     vectors: np.ndarray  # (inputs, dimensions) float32, or codes
     tokens: int
+    windows: tuple[int, ...] | None = None  # with "long_input": "chunk", the windows each input used
 
 
 # --- reading the request ---------------------------------------------------------------------------
@@ -127,10 +138,20 @@ def _check_ids(ids: list, param: str) -> tuple[int, ...]:
     return tuple(checked)
 
 
+def refuse_long_input(payload: dict[str, Any], kind: str) -> None:
+    """Outputs other than one dense vector an input (sparse weights, token vectors) are not combined
+    over windows: a model of `kind` cuts long inputs to its length, or refuses them."""
+    value = payload.get("long_input")
+    if value is not None and value != LONG_INPUTS[0]:
+        raise unprocessable(f"'long_input' {short(value)} applies to the dense vectors of embedding models; a {kind} "
+                            "model cuts a long input to its length (\"truncate\": false refuses it instead)",
+                            param="long_input")
+
+
 def parse_options(payload: dict[str, Any]) -> Options:
     for key in IGNORED_FIELDS:
         option_value(payload, key, str)
-    values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
+    values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE, INT_MINIMUMS.get(key, 1))
               for key, (kind, choices) in OPTION_TYPES.items()}
     return Options(**{key: value for key, value in values.items() if value is not None})
 
@@ -284,8 +305,13 @@ class EmbedTask:
         bodies = list(checked.bodies)
         for i, ids in zip(checked.texts, tokenized):
             bodies[i] = ids
-        truncate = self.settings.truncate if options.truncate is None else options.truncate
         max_length = self.checks.max_length
+        if options.long_input == "chunk":
+            chunked = chunk_inputs(self.tokenizer, bodies, max_length, prompt.tokens, options.chunk_overlap)
+            inputs = [ModelInput(ids, unpooled=prompt.unpooled) for ids in chunked.ids]
+            self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
+            return Job(request, inputs, checked.normalize, windows=chunked.windows, weights=chunked.weights)
+        truncate = self.settings.truncate if options.truncate is None else options.truncate
         assembled = [self.tokenizer.assemble(body, max_length, options.truncation_direction, keep=prompt.tokens)
                      for body in bodies]
         for i, item in enumerate(assembled):
@@ -304,6 +330,9 @@ class EmbedTask:
     def _check_options(self, request: EmbeddingRequest, normalize: bool, answer: bool = True) -> None:
         """The options' values, and with `answer` the answer's size bound."""
         options, dimension = request.options, self.checks.dimension
+        if options.long_input == "chunk":
+            check_overlap(self.tokenizer, self.checks.max_length, self._prompt_of(request).tokens,
+                          options.chunk_overlap)
         if options.dimensions is not None and options.dimensions > dimension:
             raise unprocessable(f"'dimensions' must be at most the model's dimension {dimension}, "
                                 f"got {options.dimensions}", param="dimensions")
@@ -349,6 +378,8 @@ class EmbedTask:
         groups: dict[int | None, list[int]] = {}
         for index, job in jobs.items():
             vectors, _ = outcomes[index]
+            if job.windows is not None:  # one vector per input from its windows' vectors
+                vectors = pool_windows(vectors, job.windows, job.weights)
             dimensions = job.request.options.dimensions
             shaped[index] = vectors if dimensions is None else vectors[:, :dimensions]
             if job.normalize:
@@ -369,7 +400,7 @@ class EmbedTask:
             job = jobs[index]
             try:
                 results[index] = vectors if isinstance(vectors, RequestError) else \
-                    Embeddings(quantize(vectors.numpy(), job.request.options.output_dtype), job.tokens)
+                    Embeddings(quantize(vectors.numpy(), job.request.options.output_dtype), job.tokens, job.windows)
             except Exception as err:  # a bug met by one answer must not fail its batch
                 log_failure(f"quantizing the answer of request {index} of the batch", err)
                 results[index] = internal_error("the server failed to encode this answer; the failure is logged")

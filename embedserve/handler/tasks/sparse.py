@@ -30,7 +30,7 @@ from embedserve.handler.api.errors import RequestError, malformed, too_large
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.tasks.base import Job, Outcome, each_request, each_result
-from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, EmbedTask, Input
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, EmbedTask, Input, refuse_long_input
 
 SPARSE_FORMATS = ("indices", "tokens")
 INPUT_TYPES = ("query", "document")
@@ -61,6 +61,7 @@ class SparseOptions:
     sparse_format: str = "indices"
     input_type: str | None = None  # query, document, or neither (encode's own: a document)
     normalize: None = None  # sparse weights are never normalized (the shared preparation reads it)
+    long_input: str = "truncate"  # the only way (refuse_long_input): read by the shared preparation
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class SparseVectors:
 
 
 def parse_sparse_options(payload: dict[str, Any]) -> SparseOptions:
+    refuse_long_input(payload, "sparse or hybrid")
     values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
               for key, (kind, choices) in SPARSE_OPTION_TYPES.items()}
     threshold = payload.get("threshold")
