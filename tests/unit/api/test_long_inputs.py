@@ -1,7 +1,6 @@
-"""Inputs longer than the model, "long_input": "chunk": windows of the model's length, each through
-the model's pipeline, combined by their text tokens, then normalized. The reference is computed
-here, independently: sentence-transformers' own tokenizer cuts the text into the same windows,
-its pipeline (its forward on the windows' ids) embeds them, and the weighted mean is taken here."""
+"""Inputs longer than the model, "long_input": "chunk", in process: windows of the model's length,
+each through the model's pipeline, combined by their text tokens, then normalized, against the
+reference of tests/support/long_inputs.py; the options' bad values, the limits, the cache."""
 
 from __future__ import annotations
 
@@ -9,15 +8,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.assembly import assemble
 from embedserve.handler.settings import Settings
-from tests.support.inputs import varied_texts
+from tests.support.long_inputs import LONG, cosine, reference
 from tests.support.sparse_models import make_splade
-
-LONG = " ".join(varied_texts(60, seed=3))  # hundreds of tokens: many windows of the tiny model's 48
 
 
 @pytest.fixture(scope="module")
@@ -35,29 +31,6 @@ def st_model(tiny_model_dir):
 def call(svc, route, body):
     [response] = svc.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
     return response.status, json.loads(response.body)
-
-
-def reference(st_model, text: str, max_length: int, overlap: int = 0, prompt: str = "") -> tuple[np.ndarray, int]:
-    """The chunked vector as sentence-transformers' pipeline gives it window by window, and the windows."""
-    tokenizer = st_model.tokenizer
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
-    ids = tokenizer(prompt + text, add_special_tokens=False)["input_ids"][len(prompt_ids):]
-    room = max_length - 2 - len(prompt_ids)  # [CLS] ... [SEP]
-    starts = list(range(0, len(ids) - overlap, room - overlap)) if len(ids) > room else [0]
-    vectors, weights = [], []
-    for start in starts:
-        window = [tokenizer.cls_token_id, *prompt_ids, *ids[start:start + room], tokenizer.sep_token_id]
-        features = {"input_ids": torch.tensor([window]), "attention_mask": torch.ones(1, len(window), dtype=torch.long)}
-        with torch.inference_mode():
-            vectors.append(st_model(features)["sentence_embedding"][0].double().numpy())
-        weights.append(len(ids[start:start + room]))
-    mean = np.average(np.stack(vectors), axis=0, weights=weights)
-    return mean / np.linalg.norm(mean), len(starts)
-
-
-def cosine(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 @pytest.mark.parametrize("overlap", [0, 7])
