@@ -97,16 +97,22 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
     )
 
 
+# Architectures whose activations exceed float16's range whatever dtype the checkpoint was saved
+# in: Gemma's (EmbeddingGemma's card: "activations do not support float16").
+BFLOAT16_ONLY = frozenset({"gemma", "gemma2", "gemma3", "gemma3_text"})
+
+
 def _gpu_dtype(model_dir: Path | None) -> torch.dtype:
-    """Half precision on a GPU: float16, unless the checkpoint was saved in bfloat16. Models
-    trained in bfloat16 (the Qwen family) can hold activations beyond float16's range (65504),
-    which overflow to inf in float16; bfloat16 has float32's range."""
+    """Half precision on a GPU: float16, unless the checkpoint was saved in bfloat16 or the
+    architecture is in BFLOAT16_ONLY. Models trained in bfloat16 (the Qwen family) can hold
+    activations beyond float16's range (65504), which overflow to inf in float16; bfloat16 has
+    float32's range."""
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text()) if model_dir else {}
     except (OSError, ValueError):
         config = {}
     saved = config.get("dtype") or config.get("torch_dtype")  # transformers 5 writes "dtype"
-    return torch.bfloat16 if saved == "bfloat16" else torch.float16
+    return torch.bfloat16 if saved == "bfloat16" or config.get("model_type") in BFLOAT16_ONLY else torch.float16
 
 
 def worker_device(setting: str, gpu_id: int | None, cuda_available: bool) -> torch.device:

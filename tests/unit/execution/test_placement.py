@@ -118,3 +118,12 @@ def test_a_gpu_worker_replays_graphs_of_packed_passes_by_default():
     assert not off.cuda_graphs and not off.cuda_graph_buckets and not off.packed
     cpu = resolve_placement(Settings(), gpu_id=None, workers=1, cuda_available=False)
     assert not cpu.cuda_graphs and not cpu.packed  # a CPU worker: ONNX Runtime's padded passes
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gemma2"])
+def test_gemma_runs_in_bfloat16_on_a_gpu_whatever_its_checkpoint(tmp_path, model_type):
+    # EmbeddingGemma's activations exceed float16's range even from a float32 checkpoint.
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "dtype": "float32"}))
+    placement = resolve_placement(Settings(device="cuda"), gpu_id=0, workers=1, cuda_available=True,
+                                  model_dir=tmp_path)
+    assert placement.dtype == torch.bfloat16
