@@ -262,3 +262,48 @@ def make_embeddinggemma(path: Path, *, seed: int = 0) -> Path:
     SentenceTransformer(modules=modules, prompts=GEMMA_PROMPTS, device="cpu").save(str(path))
     shutil.rmtree(backbone)
     return path
+
+
+# --- EuroBERT -------------------------------------------------------------------------------------
+
+EUROBERT_PROMPTS = {"query": "query: ", "document": "document: "}
+
+
+def make_eurobert(path: Path, *, seed: int = 0) -> Path:
+    """The EuroBERT shape (transformers' native EuroBertModel: Llama layers with bidirectional
+    attention, rotary positions, grouped keys, RMSNorm), made and saved by sentence-transformers'
+    own classes: a byte-level BPE tokenizer that writes <|begin_of_text|> ... <|end_of_text|> and
+    pads with <|end_of_text|> (as EuroBERT's pad and eos ids are one), mean pooling, Normalize, prompts."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import EuroBertConfig, EuroBertModel
+
+    from tests.support.model_families import _save_tokenizer, corpus
+
+    torch.manual_seed(seed)
+    backbone = path.parent / f"{path.name}-backbone"
+    bos, eos, mask = "<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=400, special_tokens=[bos, eos, mask], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
+        special_tokens=[(bos, tokenizer.token_to_id(bos)), (eos, tokenizer.token_to_id(eos))])
+    fast = _save_tokenizer(tokenizer, backbone, 8192, bos_token=bos, eos_token=eos, pad_token=eos, mask_token=mask)
+    model = EuroBertModel(EuroBertConfig(
+        vocab_size=len(fast), hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=2, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 250000.0}, bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, mask_token_id=fast.mask_token_id))
+    with torch.no_grad():  # livelier than the initialization (RMSNorm weights all one), so that vectors differ clearly
+        for parameter in model.parameters():
+            parameter.normal_(1.0 if parameter.dim() == 1 else 0.0, 0.3 if parameter.dim() == 1 else 0.2)
+    model.eval().save_pretrained(backbone)
+    modules = [Transformer(str(backbone), max_seq_length=64), Pooling(HIDDEN, "mean"), Normalize()]
+    SentenceTransformer(modules=modules, prompts=EUROBERT_PROMPTS, device="cpu").save(str(path))
+    shutil.rmtree(backbone)
+    return path
