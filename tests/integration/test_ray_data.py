@@ -165,33 +165,35 @@ def same_as_served(server, table: pa.Table, texts: list[str], sample: int = 300)
     assert all(by_id[f"doc-{i}"].tobytes() == vector.tobytes() for i, vector in zip(picked, served))
 
 
-def test_an_actor_killed_mid_job_leaves_every_row_exactly_once(cluster, server, tmp_path):
-    texts = varied_texts(FAULT_ROWS, seed=5)
+def survives(cluster, server, tmp_path: Path, seed: int, fault) -> None:
+    """`fault()` in the middle of a job, both actors at work: it still ends with every row once,
+    each the service's vector."""
+    texts = varied_texts(FAULT_ROWS, seed=seed)
     ids = corpus(tmp_path / "corpus.parquet", texts)
     running = job(cluster, server, "tiny", tmp_path / "corpus.parquet", tmp_path / "out", "--actors", "2",
                   "--batch-rows", "100", background=True)
     in_full_swing(cluster, tmp_path / "out", running)
-    actors = cluster.actor_processes(EMBEDDER)
-    assert len(actors) == 2, actors
     written = len(list((tmp_path / "out").glob("*.parquet")))
-    actors[0].kill()  # SIGKILL
+    fault()
     stderr = finished(running, tmp_path / "out")
     assert f"{FAULT_ROWS} rows embedded" in stderr and ", 0 failed" in stderr, stderr[-2000:]
-    assert written < len(list((tmp_path / "out").glob("*.parquet"))), "the kill came after the last write"
+    assert written < len(list((tmp_path / "out").glob("*.parquet"))), "the fault came after the last write"
     same_as_served(server, embedded_once(tmp_path / "out", ids), texts)
+
+
+def test_an_actor_killed_mid_job_leaves_every_row_exactly_once(cluster, server, tmp_path):
+    def kill_an_actor():
+        actors = cluster.actor_processes(EMBEDDER)
+        assert len(actors) == 2, actors
+        actors[0].kill()  # SIGKILL
+
+    survives(cluster, server, tmp_path, 5, kill_an_actor)
     assert len(ready_nodes(cluster)) >= 3  # Ray started another actor
 
 
 def test_a_node_lost_mid_job_leaves_every_row_exactly_once(cluster, server, tmp_path):
-    texts = varied_texts(FAULT_ROWS, seed=6)
-    ids = corpus(tmp_path / "corpus.parquet", texts)
-    running = job(cluster, server, "tiny", tmp_path / "corpus.parquet", tmp_path / "out", "--actors", "2",
-                  "--batch-rows", "100", background=True)
-    in_full_swing(cluster, tmp_path / "out", running)
-    assert len(set(ready_nodes(cluster))) == 2  # an actor on each node
-    written = len(list((tmp_path / "out").glob("*.parquet")))
-    cluster.second_node_raylet().kill()  # the node goes, its actor with it
-    stderr = finished(running, tmp_path / "out")
-    assert f"{FAULT_ROWS} rows embedded" in stderr and ", 0 failed" in stderr, stderr[-2000:]
-    assert written < len(list((tmp_path / "out").glob("*.parquet"))), "the kill came after the last write"
-    same_as_served(server, embedded_once(tmp_path / "out", ids), texts)
+    def lose_the_second_node():
+        assert len(set(ready_nodes(cluster))) == 2  # an actor on each node
+        cluster.second_node_raylet().kill()  # the node goes, its actor with it
+
+    survives(cluster, server, tmp_path, 6, lose_the_second_node)
