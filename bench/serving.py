@@ -27,15 +27,15 @@ REPEATS = 3
 
 
 @contextmanager
-def serve_model(model_dir: Path, name: str, what: str) -> Iterator[TorchServe]:
+def serve_model(model_dir: Path, name: str, what: str, build_args: tuple[str, ...] = ()) -> Iterator[TorchServe]:
     """A TorchServe of its own serving the default build of `model_dir` (`make serve`'s: no option
-    but the model and its name), ready; on a failed start, the ends of its logs first, since they
-    go with the temporary folder."""
+    but the model and its name, and `build_args`), ready; on a failed start, the ends of its logs
+    first, since they go with the temporary folder."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         root = Path(tmp)
         config = isolated_config(root, REPO / "config.properties", async_logging="true")
         if build_main(["--model", str(model_dir), "--name", name, "--export-path", str(root / "model_store"),
-                       "--config", str(config)]) != 0:
+                       "--config", str(config), *build_args]) != 0:
             raise SystemExit(f"building {what} failed")
         server = TorchServe(config, root)
         server.start()
