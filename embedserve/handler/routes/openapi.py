@@ -25,7 +25,7 @@ def service_document(service: Any, server: ServerProfile, version: str) -> dict[
     return openapi_document(ServedModel(
         name=service.model_name, version=version, dimension=text.checks.dimension, max_length=text.max_length,
         vocab_size=text.tokenizer.vocab_size, prompts=tuple(sorted(text.prompts)), settings=service.settings,
-        max_tokens_per_request=service.max_request_tokens, task=service.task,
+        max_tokens_per_request=service.max_request_tokens, max_chunk_overlap=text.max_chunk_overlap, task=service.task,
         labels=getattr(service.work, "labels", ()), instructed=getattr(service.work, "chat_pairs", None) is not None,
         server=server))
 

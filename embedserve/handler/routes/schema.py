@@ -32,6 +32,7 @@ class ServedModel:
     prompts: tuple[str, ...]  # prompt names
     settings: Settings
     max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
+    max_chunk_overlap: int = 0  # "chunk_overlap" at most: a window's text room with the longest prompt, less one
     task: Task = Task.EMBED
     labels: tuple[str, ...] = ()  # a scoring model's labels
     instructed: bool = False  # a causal reranker: (query, document) pairs only, an instruction allowed
@@ -214,6 +215,8 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
     if key == "dimensions":
         schema["maximum"] = model.dimension
         default = model.dimension
+    if key == "chunk_overlap":
+        schema["maximum"] = model.max_chunk_overlap
     if key == "prompt_name":  # the default: the `prompt` setting, else the model's default prompt
         schema = {"enum": [*model.prompts, None]}
     schema["description"] = OPTION_NOTES[key] + "; missing or null: the default"

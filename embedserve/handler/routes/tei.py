@@ -24,10 +24,11 @@ from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, describing, embedding_request, parsing
 from embedserve.handler.routes.openai import encode_vector
-from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMBED_OPTIONS, TOKENIZE_ERRORS,
-                                              TOKENIZE_OPTIONS, ServedModel, error_responses, examples, many, operation,
-                                              options, quantizing_needs_normalizing, ref, scoring_option_schemas)
-from embedserve.handler.tasks.embed import (OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,
+from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMBED_OPTIONS, OPTION_NOTES,
+                                              TOKENIZE_ERRORS, TOKENIZE_OPTIONS, ServedModel, error_responses, examples,
+                                              many, operation, options, quantizing_needs_normalizing, ref,
+                                              scoring_option_schemas)
+from embedserve.handler.tasks.embed import (IGNORED_FIELDS, OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,
                                             parse_options)
 from embedserve.handler.tasks.score import Pair, Scores, ScoringRequest, parse_query, parse_texts, scoring_options
 
@@ -188,10 +189,12 @@ def _rerank(model: ServedModel) -> dict[str, Any]:
 
 def schemas(model: ServedModel) -> dict[str, Any]:
     settings, option, many_ = model.settings, options(model), many(model)
+    # OpenAI's `model` and `user`, checked to be strings on every embedding route (routes/base.py), then ignored.
+    ignored = {key: {"type": ["string", "null"], "description": OPTION_NOTES[key]} for key in IGNORED_FIELDS}
     found = {
         "TEIEmbedRequest": {
             "type": "object", "required": ["inputs"],
-            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}},
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
             **quantizing_needs_normalizing(model)},
         "SimilarityRequest": {
             "type": "object", "required": ["inputs"],
@@ -202,10 +205,10 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                 **{key: option[key] for key in EMBED_OPTIONS if key not in ("output_dtype", "encoding_format")},
                 **{key: {"enum": [OPTION_TYPES[key][1][0], None], "description": "only the default: the answer is "
                                                                                  "cosines"}
-                   for key in ("output_dtype", "encoding_format")}}},
+                   for key in ("output_dtype", "encoding_format")}, **ignored}},
         "TokenizeRequest": {
             "type": "object", "required": ["inputs"],
-            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS}},
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS}, **ignored},
             "description": "the embedding options are checked as on /embed, and have no effect here"},
         "TEIEmbeddings": {"type": "array", "minItems": 1, "maxItems": settings.max_inputs_per_request,
                           "items": ref("Vector")},

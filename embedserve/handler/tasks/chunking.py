@@ -33,15 +33,25 @@ def text_room(tokenizer: TextTokenizer, max_length: int, prompt_tokens: int) -> 
     return max_length - len(tokenizer.prefix) - len(tokenizer.suffix) - prompt_tokens
 
 
-def check_overlap(tokenizer: TextTokenizer, max_length: int, prompt_tokens: int, overlap: int) -> None:
-    room = text_room(tokenizer, max_length, prompt_tokens)
-    if room < 1:
+def max_overlap(tokenizer: TextTokenizer, max_length: int, longest_prompt_tokens: int) -> int:
+    """The largest overlap every prompt of the model leaves room for: one below the text a window
+    holds beside the longest prompt. A bound of the model, not of the request, so the OpenAPI
+    document states it and a request within it is never refused for it."""
+    return max(0, text_room(tokenizer, max_length, longest_prompt_tokens) - 1)
+
+
+def check_room(tokenizer: TextTokenizer, max_length: int, prompt_tokens: int) -> None:
+    if text_room(tokenizer, max_length, prompt_tokens) < 1:
         raise unprocessable(f"the prompt's {prompt_tokens} tokens leave no room for text in a window of "
                             f"{max_length} tokens", param="long_input")
-    if overlap >= room:
-        raise unprocessable(f"'chunk_overlap' must be below {room}, the tokens of text a window holds (the max "
-                            f"input length {max_length} less the special tokens and the prompt), got {overlap}",
-                            param="chunk_overlap")
+
+
+def check_overlap(overlap: int, limit: int, max_length: int) -> None:
+    """Checked on every request, chunked or not, as every option is: its bound is the document's."""
+    if overlap > limit:
+        raise unprocessable(f"'chunk_overlap' must be at most {limit}, one below the tokens of text a window holds "
+                            f"beside the model's longest prompt (the max input length {max_length} less the special "
+                            f"tokens and the prompt), got {overlap}", param="chunk_overlap")
 
 
 def chunk_inputs(tokenizer: TextTokenizer, bodies: Sequence[Sequence[int]], max_length: int, prompt_tokens: int,

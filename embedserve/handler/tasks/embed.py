@@ -27,7 +27,7 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
-from embedserve.handler.tasks.chunking import check_overlap, chunk_inputs, pool_windows
+from embedserve.handler.tasks.chunking import check_overlap, check_room, chunk_inputs, max_overlap, pool_windows
 from embedserve.handler.worker.failures import log_failure
 
 ENCODING_FORMATS = ("float", "base64")
@@ -222,6 +222,13 @@ class EmbedTask:
     def max_length(self) -> int:
         return self.checks.max_length
 
+    @property
+    def max_chunk_overlap(self) -> int:
+        """The largest "chunk_overlap" whatever the prompt: one below the text a window holds
+        beside the model's longest prompt (a bound that does not change with the request)."""
+        return max_overlap(self.tokenizer, self.max_length,
+                           max(prompt.tokens for prompt in self._prompt_tokens.values()))
+
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         return self.checks.token_ids(texts)
 
@@ -330,9 +337,9 @@ class EmbedTask:
     def _check_options(self, request: EmbeddingRequest, normalize: bool, answer: bool = True) -> None:
         """The options' values, and with `answer` the answer's size bound."""
         options, dimension = request.options, self.checks.dimension
+        check_overlap(options.chunk_overlap, self.max_chunk_overlap, self.checks.max_length)
         if options.long_input == "chunk":
-            check_overlap(self.tokenizer, self.checks.max_length, self._prompt_of(request).tokens,
-                          options.chunk_overlap)
+            check_room(self.tokenizer, self.checks.max_length, self._prompt_of(request).tokens)
         if options.dimensions is not None and options.dimensions > dimension:
             raise unprocessable(f"'dimensions' must be at most the model's dimension {dimension}, "
                                 f"got {options.dimensions}", param="dimensions")

@@ -90,7 +90,7 @@ def test_token_id_inputs_and_tei_and_dimensions(service, st_model):
 @pytest.mark.parametrize("body, status, param, words", [
     ({"long_input": "split"}, 400, "long_input", "must be one of truncate, chunk"),
     ({"long_input": "chunk", "chunk_overlap": -1}, 400, "chunk_overlap", "at least 0"),
-    ({"long_input": "chunk", "chunk_overlap": 46}, 400, "chunk_overlap", "must be below 46"),
+    ({"long_input": "chunk", "chunk_overlap": 44}, 400, "chunk_overlap", "must be at most 43"),
     ({"long_input": "chunk", "chunk_overlap": "3"}, 400, "chunk_overlap", "integer"),
 ])
 def test_bad_options_are_refused_naming_the_field(service, body, status, param, words):
@@ -106,6 +106,15 @@ def test_the_windows_count_in_the_request_limits(tiny_model_dir):
     assert status == 413 and "max_tokens_per_request=200" in answer["error"]["message"]
     status, _ = call(small, "v1/embeddings", {"input": LONG})  # truncated, it fits
     assert status == 200
+
+
+def test_the_largest_overlap_is_the_documents_and_served_with_any_prompt(service, st_model):
+    limit = service.openapi()["components"]["schemas"]["EmbeddingRequest"]["properties"]["chunk_overlap"]["maximum"]
+    assert limit == service.text.max_chunk_overlap == 43  # 48 less [CLS], [SEP] and the 2-token prompt, less one
+    for prompt_name in (None, "query", "document"):
+        status, answer = call(service, "v1/embeddings", {"input": LONG, "long_input": "chunk", "chunk_overlap": limit,
+                                                         "prompt_name": prompt_name})
+        assert status == 200, answer
 
 
 def test_other_requests_of_the_batch_are_unaffected(service):
