@@ -217,6 +217,8 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
         default = model.dimension
     if key == "chunk_overlap":
         schema["maximum"] = model.max_chunk_overlap
+    if key == "long_input" and model.task is not Task.EMBED:  # one vector an input to combine: dense models only
+        schema = {"enum": [choices[0], None]}
     if key == "prompt_name":  # the default: the `prompt` setting, else the model's default prompt
         schema = {"enum": [*model.prompts, None]}
     schema["description"] = OPTION_NOTES[key] + "; missing or null: the default"
