@@ -190,17 +190,10 @@ def _nomic_name(name: str) -> list[tuple[str, Callable[[torch.Tensor], torch.Ten
     layer = re.fullmatch(r"encoder\.layers\.(\d+)\.(.+)", name)
     if not layer:
         return [(name, _same)]
-    index, rest = layer.groups()
-    prefix = f"layers.{index}."
-    if rest.startswith("attn.Wqkv."):
-        kind = rest.removeprefix("attn.Wqkv.")
-        return [(f"{prefix}self_attn.{part}_proj.{kind}", _chunk(i, 3)) for i, part in enumerate("qkv")]
-    for old, new in (("attn.out_proj.", "self_attn.o_proj."), ("mlp.fc11.", "mlp.up_proj."),
-                     ("mlp.fc12.", "mlp.gate_proj."), ("mlp.fc2.", "mlp.down_proj."),
-                     ("norm1.", "post_attention_layernorm."), ("norm2.", "post_mlp_layernorm.")):
-        if rest.startswith(old):
-            return [(prefix + new + rest.removeprefix(old), _same)]
-    return [(name, _same)]
+    return _layer_weight(f"layers.{layer[1]}.", layer[2], {"attn.Wqkv.": _QKV}, (
+        ("attn.out_proj.", "self_attn.o_proj."), ("mlp.fc11.", "mlp.up_proj."), ("mlp.fc12.", "mlp.gate_proj."),
+        ("mlp.fc2.", "mlp.down_proj."), ("norm1.", "post_attention_layernorm."), ("norm2.", "post_mlp_layernorm."),
+    )) or [(name, _same)]
 
 
 # --- GTE "new" (gte-*-v1.5, Arctic-embed-m-v2.0) ---------------------------------------------------
@@ -247,19 +240,11 @@ def _gte_name(name: str) -> list[tuple[str, Callable[[torch.Tensor], torch.Tenso
     layer = re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", name)
     if not layer:
         return [(name, _same)]
-    index, rest = layer.groups()
-    prefix = f"layers.{index}."
-    if rest.startswith("attention.qkv_proj."):
-        kind = rest.removeprefix("attention.qkv_proj.")
-        return [(f"{prefix}self_attn.{part}_proj.{kind}", _chunk(i, 3)) for i, part in enumerate("qkv")]
-    if rest.startswith("mlp.up_gate_proj."):
-        kind = rest.removeprefix("mlp.up_gate_proj.")
-        return [(f"{prefix}mlp.up_proj.{kind}", _chunk(0, 2)), (f"{prefix}mlp.gate_proj.{kind}", _chunk(1, 2))]
-    for old, new in (("attention.o_proj.", "self_attn.o_proj."), ("attn_ln.", "post_attention_layernorm."),
-                     ("mlp.down_proj.", "mlp.down_proj."), ("mlp_ln.", "post_mlp_layernorm.")):
-        if rest.startswith(old):
-            return [(prefix + new + rest.removeprefix(old), _same)]
-    return [(name, _same)]
+    return _layer_weight(f"layers.{layer[1]}.", layer[2],
+                         {"attention.qkv_proj.": _QKV, "mlp.up_gate_proj.": ("mlp.up_proj.", "mlp.gate_proj.")}, (
+        ("attention.o_proj.", "self_attn.o_proj."), ("attn_ln.", "post_attention_layernorm."),
+        ("mlp.down_proj.", "mlp.down_proj."), ("mlp_ln.", "post_mlp_layernorm."),
+    )) or [(name, _same)]
 
 
 # --- Shared steps -------------------------------------------------------------------------------
@@ -282,6 +267,23 @@ def _keep_ids(config: dict[str, Any], native: dict[str, Any], family: str, same:
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+_QKV = ("self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.")
+
+
+def _layer_weight(prefix: str, rest: str, fused: dict[str, tuple[str, ...]], renamed: tuple[tuple[str, str], ...]
+                  ) -> list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] | None:
+    """A layer's weight `rest` under its native names: a fused weight split in equal row blocks,
+    one per native part, or renamed; None where neither table names it (it keeps its name)."""
+    for old, parts in fused.items():
+        if rest.startswith(old):
+            kind = rest.removeprefix(old)
+            return [(f"{prefix}{part}{kind}", _chunk(i, len(parts))) for i, part in enumerate(parts)]
+    for old, new in renamed:
+        if rest.startswith(old):
+            return [(prefix + new + rest.removeprefix(old), _same)]
+    return None
 
 
 def _chunk(index: int, parts: int) -> Callable[[torch.Tensor], torch.Tensor]:
