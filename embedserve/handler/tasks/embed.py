@@ -217,17 +217,15 @@ class EmbedTask:
         self.default_prompt = default_prompt
         self._include_prompt = include_prompt
         self._prompt_tokens = {text: self._measure_prompt(text) for text in {default_prompt, *prompts.values()}}
+        # The largest "chunk_overlap" whatever the prompt: one below the text a window holds beside
+        # the model's longest prompt (a bound of the model, the OpenAPI document's maximum).
+        self.max_chunk_overlap = max_overlap(self.tokenizer, self.max_length,
+                                             max(prompt.tokens for prompt in self._prompt_tokens.values()))
 
     @property
     def max_length(self) -> int:
         return self.checks.max_length
 
-    @property
-    def max_chunk_overlap(self) -> int:
-        """The largest "chunk_overlap" whatever the prompt: one below the text a window holds
-        beside the model's longest prompt (a bound that does not change with the request)."""
-        return max_overlap(self.tokenizer, self.max_length,
-                           max(prompt.tokens for prompt in self._prompt_tokens.values()))
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         return self.checks.token_ids(texts)
