@@ -27,13 +27,16 @@ REPEATS = 3
 
 
 @contextmanager
-def serve_model(model_dir: Path, name: str, what: str, build_args: tuple[str, ...] = ()) -> Iterator[TorchServe]:
+def serve_model(model_dir: Path, name: str, what: str, build_args: tuple[str, ...] = (),
+                properties: dict[str, str] | None = None) -> Iterator[TorchServe]:
     """A TorchServe of its own serving the default build of `model_dir` (`make serve`'s: no option
     but the model and its name, and `build_args`), ready; on a failed start, the ends of its logs
-    first, since they go with the temporary folder."""
+    first, since they go with the temporary folder. `properties` replace config.properties' own
+    (default: asynchronous logging, as every benchmark runs; `{}`: `make serve`'s config as it is)."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         root = Path(tmp)
-        config = isolated_config(root, REPO / "config.properties", async_logging="true")
+        config = isolated_config(root, REPO / "config.properties",
+                                 **({"async_logging": "true"} if properties is None else properties))
         if build_main(["--model", str(model_dir), "--name", name, "--export-path", str(root / "model_store"),
                        "--config", str(config), *build_args]) != 0:
             raise SystemExit(f"building {what} failed")

@@ -95,13 +95,14 @@ class EmbeddingService:
                 # In the shape of its route; a parse error already is (a TEI body on the native route is TEI's).
                 answers[index] = (*error_body(err, request.route), JSON) if request is not None else \
                     (err.http_status, encode_error(err), JSON)
+        report.parse_ms, clock = _since(clock)
         jobs: dict[int, Job] = {}
         for index, outcome in self.work.prepare(requests, self.budget).items():
             if isinstance(outcome, RequestError):
                 answers[index] = (*error_body(outcome, requests[index].route), JSON)
             else:
                 jobs[index] = outcome
-        report.prepare_ms, clock = _since(clock)
+        report.tokenize_ms, clock = _since(clock)
 
         jobs = self._admit(jobs, answers)
         if jobs:
@@ -115,8 +116,8 @@ class EmbeddingService:
         for status, _, _ in answers:
             report.statuses[status] = report.statuses.get(status, 0) + 1
         log.debug("batch: %s", report)  # counts only: request text never reaches the logs
-        batch = str(len(raw_requests))
-        return [Response.of(status, body, content_type, **{"x-batch-size": batch})
+        headers = {"x-batch-size": str(len(raw_requests)), "server-timing": report.server_timing()}
+        return [Response.of(status, body, content_type, **headers)
                 for status, body, content_type in answers], report
 
     def _admit(self, jobs: dict[int, Job], answers: list) -> dict[int, Job]:

@@ -16,6 +16,7 @@ import requests
 
 from embedserve.handler.backends.openvino_runtime import openvino_available
 from embedserve.handler.execution.engine_trial import Timing, choose
+from embedserve.handler.execution.placement import available_cpus
 from embedserve.handler.worker.cpu_features import bf16_units
 from tests.support.client import concurrently
 from tests.support.fuzz import Served, run_volume
@@ -85,6 +86,24 @@ def test_the_workers_serve_the_engine_measured_fastest_here_and_agree_on_it(serv
     assert f"{info['engine']} {info['model_dtype']}" == choose(speeds, "onnxruntime float32")[0]
     assert log.count("engine trial: measured") == 1, log  # one worker measured ...
     assert "by another worker of this server" in log  # ... the other read its choice
+
+
+def test_a_lone_request_runs_on_every_cpu_and_says_where_its_time_went(server):
+    """One client, one text at a time: the other worker idles, so each pass borrows its CPU
+    (whichever engine the trial chose), and Server-Timing splits the handler's time."""
+    text = "embedding server batch request token text vector search query document " * 6  # about 60 tokens
+    for _ in range(5):
+        response = post(server, {"input": text})
+        assert response.status_code == 200
+        stages = {}
+        for entry in response.headers["server-timing"].split(", "):
+            name, duration, *desc = entry.split(";")
+            stages[name] = (float(duration.removeprefix("dur=")), *desc)
+        assert {"parse", "tokenize", "model", "encode", "handler"} <= set(stages), stages
+        assert sum(stages[name][0] for name in ("parse", "tokenize", "model", "encode")) <= stages["handler"][0]
+        assert stages["model"][1] == f'desc="{available_cpus()} CPU threads"', stages
+    # TorchServe's backend logs a line as each batch arrives, which its frontend then writes during the pass.
+    assert "Backend received inference" not in (server.logs / "model_log.log").read_text()
 
 
 def test_the_default_build_serves_a_valid_document_with_minilm_s_values(server):

@@ -177,6 +177,7 @@ class Embedded:
     padded_tokens: int  # what the forward passes computed; real / padded is the padding efficiency
     passes: int
     too_large: frozenset[int] = frozenset()  # items that ran out of memory alone (their rows are zeros)
+    cpu_threads: int = 0  # the most threads a CPU pass ran on, borrowed ones included (0: no CPU pass)
 
 
 def finite_rows(vectors: torch.Tensor | list[np.ndarray]) -> list[bool]:
@@ -235,15 +236,16 @@ class Encoder:
         device = self.backend.device
         out = self.rows(len(inputs), self.dimension, device)
         pending = self.backend.plan(lengths, self.cost)
-        padded = passes = 0
+        padded = passes = threads = 0
         too_large: set[int] = set()
         with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
             while pending:
                 indices = pending.pop(0)
                 prepared = self.backend.prepare([inputs[i] for i in indices])
                 try:
-                    with self._cpus_for_pass(prepared.ids):
+                    with self._cpus_for_pass(prepared.ids) as pass_threads:
                         out.put(indices, self.backend.run(prepared))
+                    threads = max(threads, pass_threads)
                 except Exception as err:
                     if not is_out_of_memory(err):
                         raise_classified(err)
@@ -260,7 +262,7 @@ class Encoder:
                 padded += self.backend.computed_tokens(prepared)
                 passes += 1
         return Embedded(out.result(), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
-                        too_large=frozenset(too_large))
+                        too_large=frozenset(too_large), cpu_threads=threads)
 
     def measure_speed(self) -> Speed:
         """Time this worker's passes (embedserve/handler/execution/calibration.py) and keep the prices the encoder
@@ -282,15 +284,15 @@ class Encoder:
             raise_classified(err)
 
     @contextmanager
-    def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[None]:
+    def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[int]:
         """Run one pass on this worker's CPUs, plus every idle one unless the pass is long or
-        too short to gain from them."""
+        too short to gain from them; yields the pass's CPU threads (0 on a GPU)."""
         if self.lending is None or not self.lend_min_tokens <= ids.numel() <= LEND_MAX_TOKENS:
-            yield
+            yield self.placement.cpu_threads
             return
         with self.lending.borrowing() as borrowed:
             torch.set_num_threads(self.placement.cpu_threads + borrowed)
             try:
-                yield
+                yield self.placement.cpu_threads + borrowed
             finally:
                 torch.set_num_threads(self.placement.cpu_threads)

@@ -69,6 +69,7 @@ def _embed(encoder: Encoder, inputs: list[ModelInput], report: BatchReport
     report.forward_passes += embedded.passes
     report.real_tokens += embedded.real_tokens
     report.padded_tokens += embedded.padded_tokens
+    report.cpu_threads = max(report.cpu_threads, embedded.cpu_threads)
     return embedded.vectors, embedded.too_large
 
 

@@ -41,6 +41,9 @@ EXIT_AFTER_DEVICE_FAILURE_S = 0.5
 # TorchServe's own default when model-config.yaml sets none.
 DEFAULT_RESPONSE_TIMEOUT_S = 120
 
+# The format of the line TorchServe's backend logs as each batch arrives (ts/protocol/otf_message_handler.py).
+RECEIVED_LINE = "Backend received inference at: %d"
+
 METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGRAM}
 
 
@@ -56,6 +59,7 @@ class EmbeddingHandler:
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
+        logging.getLogger().addFilter(drop_per_batch_lines)
         pin_mmap_threshold()  # before the model's memory is allocated
         config = context.model_yaml_config or {}
         settings = Settings.from_mapping(config.get("handler"))
@@ -85,12 +89,14 @@ class EmbeddingHandler:
         )
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
+        started = time.perf_counter()
         with self.busy.held():  # a stopping server waits for this batch's answers
-            answers = self._handle(data, context)
-        self.freed_memory.release()
-        return answers
+            responses = self._handle(data, context)
+        trim_ms = self.freed_memory.release()
+        self._reply(responses, context, handler_ms=(time.perf_counter() - started) * 1000, trim_ms=trim_ms)
+        return [response.body for response in responses]
 
-    def _handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
+    def _handle(self, data: list[dict[str, Any]], context: Context) -> list[Response]:
         raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
         if self.device_failure is None:
             try:
@@ -108,12 +114,16 @@ class EmbeddingHandler:
             report = BatchReport(requests=len(raw), statuses={503: len(raw)}, task=self.service.task)
         self.context = context
         self.metrics.add(report)
-        self._reply(responses, context)
-        return [response.body for response in responses]
+        return responses
 
     @staticmethod
-    def _reply(responses: list[Response], context: Context) -> None:
+    def _reply(responses: list[Response], context: Context, *, handler_ms: float, trim_ms: float) -> None:
+        # The handler's whole time closes each answer's Server-Timing: what it leaves out of a
+        # request's latency is TorchServe's (bench/latency.py splits it).
+        timing = f"handler;dur={handler_ms:.3f}" + (f", trim;dur={trim_ms:.3f}" if trim_ms else "")
         for idx, response in enumerate(responses):
+            stages = response.headers.get("server-timing")
+            response.headers["server-timing"] = f"{stages}, {timing}" if stages else timing
             context.set_response_content_type(idx, response.content_type)
             if response.status != 200:
                 # The reason phrase is fixed ASCII; the detail is in the JSON body.
@@ -128,6 +138,13 @@ class EmbeddingHandler:
             dimensions = [Dimension(name, label) for name, label in zip(spec.dimensions, dimension_values)]
             self.context.metrics.add_metric(spec.name, value, spec.unit, dimensions=dimensions,
                                             metric_type=METRIC_TYPES[spec.kind])
+
+
+def drop_per_batch_lines(record: logging.LogRecord) -> bool:
+    """TorchServe's backend logs "Backend received inference at: <time>" for every batch, and its
+    frontend reads and writes each such line while the batch's forward pass runs, on the cores the
+    pass uses. The line says nothing its metrics do not, so the worker drops it."""
+    return not (record.msg == RECEIVED_LINE and record.levelno == logging.INFO)
 
 
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:

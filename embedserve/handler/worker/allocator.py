@@ -44,11 +44,14 @@ class FreedMemory:
         self.interval_s = interval_s
         self._last = 0.0
 
-    def release(self) -> None:
+    def release(self) -> float:
+        """Trim if the interval is over; the milliseconds it took (0.0: not trimmed)."""
         now = time.monotonic()
-        if self._trim is not None and now - self._last >= self.interval_s:
-            self._trim(0)
-            self._last = now
+        if self._trim is None or now - self._last < self.interval_s:
+            return 0.0
+        self._trim(0)
+        self._last = time.monotonic()
+        return (self._last - now) * 1000
 
 
 def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:

@@ -44,14 +44,27 @@ class BatchReport:
     forward_passes: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
-    prepare_ms: float = 0.0  # parse, validate, tokenize
-    model_ms: float = 0.0  # forward passes and pooling
+    parse_ms: float = 0.0  # route, decode and validate the bodies
+    tokenize_ms: float = 0.0  # the task's preparation: prompts, tokenizing, limits
+    model_ms: float = 0.0  # forward passes and pooling (and the cache)
     encode_ms: float = 0.0  # normalize, quantize, serialize
+    cpu_threads: int = 0  # the most threads a CPU pass ran on, borrowed ones included (0: none ran on a CPU)
     statuses: dict[int, int] = field(default_factory=dict)
     cache_enabled: bool = False
     cache_hits: dict[str, int] = field(default_factory=dict)  # inputs answered from the cache, by tier
     cache_misses: int = 0  # inputs the model computed
     cache_errors: int = 0  # failed Redis calls (the batch went on uncached)
+
+    @property
+    def prepare_ms(self) -> float:
+        return self.parse_ms + self.tokenize_ms
+
+    def server_timing(self) -> str:
+        """The stages as a Server-Timing header value (milliseconds, W3C Server-Timing): what a
+        client, a browser's network panel or bench/latency.py reads of the handler's share."""
+        threads = f';desc="{self.cpu_threads} CPU threads"' if self.cpu_threads else ""
+        return (f"parse;dur={self.parse_ms:.3f}, tokenize;dur={self.tokenize_ms:.3f}, "
+                f"model;dur={self.model_ms:.3f}{threads}, encode;dur={self.encode_ms:.3f}")
 
 
 BATCHES = MetricSpec("EmbedBatches", "count", "batches handled")

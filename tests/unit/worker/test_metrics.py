@@ -107,3 +107,15 @@ def test_a_failing_send_from_the_timer_is_logged_not_raised(caplog):
     while time.monotonic() < deadline and "sending" not in caplog.text:
         time.sleep(0.02)
     assert "sending" in caplog.text and len(calls) == 3
+
+
+def test_a_batch_s_stages_read_as_a_server_timing_header():
+    import pytest
+
+    from embedserve.handler.worker.metrics import BatchReport
+
+    report = BatchReport(parse_ms=0.1234, tokenize_ms=0.5, model_ms=7.25, encode_ms=0.2, cpu_threads=2)
+    assert report.server_timing() == \
+        'parse;dur=0.123, tokenize;dur=0.500, model;dur=7.250;desc="2 CPU threads", encode;dur=0.200'
+    assert report.prepare_ms == pytest.approx(0.6234)
+    assert "desc" not in BatchReport(model_ms=1.0).server_timing()  # no CPU pass (a GPU, a cache hit)
