@@ -1,13 +1,14 @@
 """Where a lone request's time goes, against the engine alone on the same cores.
 
-    python -m bench.latency [--requests 300] [--rounds 3] [--out bench/results]
+    python -m bench.latency [--requests 300] [--rounds 3] [--set PROPERTY=VALUE ...] [--out bench/results]
 
-1. The default build (`make serve`'s: no option but the model) on a TorchServe of its own, warmed
-   up at one client on each corpus.
-2. One client sends one text a request, back to back on one keep-alive connection (http.client,
-   the lightest Python client), on the mixed corpus and on fixed 64-token texts. Per request: the
+1. The default build (`make serve`'s: no option but the model) on a TorchServe of its own with
+   config.properties as it is (`--set` changes a TorchServe property, to try one), warmed up at
+   one client on each corpus.
+2. One client sends one text a request on one keep-alive connection (http.client, the lightest
+   Python client), each IDLE_S after the passes alone of the one before (below), on the mixed corpus and on fixed 64-token texts. Per request: the
    client's latency, and the Server-Timing header the handler writes (parse, tokenize, model with
-   the CPU threads its pass ran on, encode, the handler's whole time, a malloc_trim when one ran).
+   the CPU threads its pass ran on, encode, the handler's whole time).
 3. TorchServe's own counters, read from its metrics endpoint around each run: a request's time in
    its queue (batch delay included) and in the frontend from its arrival to its answer coming
    back from the worker (`ts_queue_latency_microseconds`, `ts_inference_latency_microseconds`),
@@ -16,9 +17,13 @@
    socket and Python backend: the frontend's time less the queue and the handler), and the
    handler's stages.
 4. The engine alone: the archive's own engine and dtype (what the worker's trial chose, read from
-   /info) loaded in this process on 2 threads and on 1, one text a pass through the encoder,
-   the same texts. Measured between the served runs while the server idles, alternating, and
-   the median of the rounds is kept for each figure.
+   /info) loaded in this process on 2 threads and on 1, one text a pass through the encoder
+   (tokenized beforehand). Each served request is followed by the same text's passes alone, so
+   both see the machine in the same state (a shared machine's speed drifts by 2x within
+   minutes): on each engine a pass right after another (`back_to_back`, the engine's best) and
+   one after IDLE_S of sleep (`after_idle`: a served pass, too, comes after its request's trip
+   through the client and TorchServe, its caches and the other core's given to them meanwhile).
+   Each figure is the median of the rounds.
 
 Targets (docs/performance.md): served p50 <= 1.3x the engine's one-text time on 2 threads, and
 p99 <= 2.5x p50, on both corpora. Results go to `<out>/latency.json`. About 4 minutes on 2 cores.
@@ -54,6 +59,7 @@ CORPORA = ("mixed", "fixed")
 FIXED_LENGTH = 64
 TEXTS = 512
 WARMUP_SECONDS = 10.0
+IDLE_S = 0.005  # before an `after_idle` pass alone: about what a served pass follows (bench output: not the model)
 P50_TARGET = 1.3  # served p50 over the engine's one-text time on 2 threads
 P99_TARGET = 2.5  # served p99 over served p50
 FRONTEND_COUNTERS = ("ts_queue_latency_microseconds", "ts_inference_latency_microseconds", "ts_inference_requests_total")
@@ -63,22 +69,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="requests a served run sends, per corpus and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], metavar="PROPERTY=VALUE",
+                        help="a TorchServe property for this run, over config.properties' own")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
-    results = measure(args.requests, args.rounds)
+    properties = dict(setting.split("=", 1) for setting in args.set)
+    results = measure(args.requests, args.rounds, properties)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latency.json").write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps({"breakdown": results["breakdown"], "targets": results["targets"]}, indent=1))
     return 0
 
 
-def measure(request_count: int, rounds: int) -> dict:
+def measure(request_count: int, rounds: int, properties: dict[str, str]) -> dict:
     model_dir = fetch_default_model()
     corpora = load_corpora(model_dir)
     results: dict = {"machine": machine(2), "load_average": load_average(), "requests_per_run": request_count,
-                     "rounds": rounds}
+                     "rounds": rounds, "torchserve_properties_set": properties}
     print(f"latency: {results['machine']['cpu']['model_name']}; default build ...", file=sys.stderr)
-    with serve_model(model_dir, "minilm", "the default build", properties={}) as server, \
+    with serve_model(model_dir, "minilm", "the default build", properties=properties) as server, \
             tempfile.TemporaryDirectory(prefix="bench-latency-") as unpacked:
         url = f"{server.url('inference')}/predictions/minilm"
         auth = server.auth()
@@ -90,13 +99,10 @@ def measure(request_count: int, rounds: int) -> dict:
         for name in CORPORA:
             warm_up(url, auth, corpora[name], [len(tokenizer.encode(t).ids) for t in corpora[name]],
                     {1: WARMUP_SECONDS})
-        runs: dict = {name: {"served": [], "alone_2": [], "alone_1": []} for name in CORPORA}
+        runs: dict = {name: [] for name in CORPORA}
         for round_ in range(rounds):
             for name in CORPORA:
-                texts = corpora[name][:request_count]
-                runs[name]["served"].append(served_run(server, url, auth, texts))
-                for threads, engine in engines.items():
-                    runs[name][f"alone_{threads}"].append(one_text_ms(engine, texts))
+                runs[name].append(interleaved_run(server, url, auth, corpora[name][:request_count], engines))
             print(f"latency: round {round_ + 1} of {rounds} done", file=sys.stderr)
     results["runs"] = runs
     results["breakdown"] = {name: summarize(runs[name]) for name in CORPORA}
@@ -116,38 +122,34 @@ def engine_alone(archive: Path, into: Path, engine: str, dtype: str, threads: in
     return assemble(opened.model_dir, settings, model_name="minilm", cuda_available=False, warm=True)
 
 
-def one_text_ms(service, texts: list[str]) -> dict:
-    """One text a pass through the encoder (tokenized beforehand): the engine's own time."""
-    ids = [plain_inputs(service.text.token_ids([text])) for text in texts]
-    for item in ids[:20]:  # this process's allocator and the engine's shapes, warmed
-        service.encoder.embed(item)
-    times = []
-    for item in ids:
-        started = time.perf_counter()
-        service.encoder.embed(item)
-        times.append((time.perf_counter() - started) * 1000)
-    return {"p50_ms": _percentile(times, 50), "mean_ms": round(statistics.fmean(times), 3)}
-
-
-def served_run(server, url: str, auth: dict, texts: list[str]) -> dict:
-    """`texts` one a request, back to back: client latency and the handler's Server-Timing per
-    request, and TorchServe's counters around the run."""
+def interleaved_run(server, url: str, auth: dict, texts: list[str], engines: dict) -> dict:
+    """Each of `texts` as a lone request (client latency, the handler's Server-Timing), then alone
+    on each engine, back to back and after IDLE_S; TorchServe's counters around the run."""
     before = frontend_counters(server)
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
     headers = {**auth, "Content-Type": "application/json"}
     latencies, stages = [], []
+    alone: dict = {f"{threads}_threads": {"back_to_back": [], "after_idle": []} for threads in engines}
+    inputs = {threads: [plain_inputs(service.text.token_ids([text])) for text in texts]
+              for threads, service in engines.items()}
     try:
-        for text in texts:
-            body = json.dumps({"input": text})
+        for index, text in enumerate(texts):
+            time.sleep(IDLE_S)  # the passes alone before it idle the cores as long as before theirs
             started = time.perf_counter()
-            connection.request("POST", parts.path, body=body, headers=headers)
+            connection.request("POST", parts.path, body=json.dumps({"input": text}), headers=headers)
             response = connection.getresponse()
             response.read()
             latencies.append((time.perf_counter() - started) * 1000)
             if response.status != 200:
                 raise RuntimeError(f"a lone request was answered {response.status}")
             stages.append(server_timing(response.getheader("server-timing", "")))
+            for threads, service in engines.items():
+                times = alone[f"{threads}_threads"]
+                service.encoder.embed(inputs[threads][index])
+                times["back_to_back"].append(_timed_ms(service.encoder.embed, inputs[threads][index]))
+                time.sleep(IDLE_S)
+                times["after_idle"].append(_timed_ms(service.encoder.embed, inputs[threads][index]))
     finally:
         connection.close()
     after = frontend_counters(server)
@@ -157,10 +159,17 @@ def served_run(server, url: str, auth: dict, texts: list[str]) -> dict:
     return {"p50_ms": _percentile(latencies, 50), "p99_ms": _percentile(latencies, 99),
             "mean_ms": round(statistics.fmean(latencies), 3), "frontend_mean_ms": frontend,
             "handler_mean_ms": {key: round(statistics.fmean(s.get(key, 0.0) for s in stages), 3)
-                                for key in ("parse", "tokenize", "model", "encode", "handler", "trim")},
+                                for key in ("parse", "tokenize", "model", "encode", "handler")},
             "handler_p50_ms": {key: _percentile([s[key] for s in stages], 50) for key in ("model", "handler")},
-            "trims": sum(1 for s in stages if "trim" in s),
-            "model_threads": dict(sorted(_count(s.get("threads", 0) for s in stages).items()))}
+            "model_threads": dict(sorted(_count(s.get("threads", 0) for s in stages).items())),
+            "alone_p50_ms": {engine: {kind: _percentile(times, 50) for kind, times in kinds.items()}
+                             for engine, kinds in alone.items()}}
+
+
+def _timed_ms(call, *args) -> float:
+    started = time.perf_counter()
+    call(*args)
+    return (time.perf_counter() - started) * 1000
 
 
 def server_timing(header: str) -> dict:
@@ -188,10 +197,8 @@ def frontend_counters(server) -> dict[str, float]:
     return totals
 
 
-def summarize(runs: dict) -> dict:
+def summarize(served: list[dict]) -> dict:
     """The median over rounds of each figure, the breakdown of a request's mean time, the ratios."""
-    served = runs["served"]
-
     def median(get) -> float:
         return round(statistics.median(get(run) for run in served), 3)
 
@@ -205,17 +212,18 @@ def summarize(runs: dict) -> dict:
         "torchserve_queue_and_batch_delay": frontend["queue_latency"],
         "torchserve_worker_hop": round(frontend["inference_latency"] - frontend["queue_latency"] - handler["handler"], 3),
         **{f"handler_{key}": handler[key] for key in stages},
-        "handler_other": round(handler["handler"] - sum(handler[key] for key in stages) - handler["trim"], 3),
-        "handler_malloc_trim": handler["trim"],
+        "handler_other": round(handler["handler"] - sum(handler[key] for key in stages), 3),
     }
-    alone_2 = round(statistics.median(run["p50_ms"] for run in runs["alone_2"]), 3)
-    alone_1 = round(statistics.median(run["p50_ms"] for run in runs["alone_1"]), 3)
+    alone = {engine: {kind: median(lambda run, e=engine, k=kind: run["alone_p50_ms"][e][k]) for kind in kinds}
+             for engine, kinds in served[0]["alone_p50_ms"].items()}
     p50, p99 = median(lambda run: run["p50_ms"]), median(lambda run: run["p99_ms"])
     return {"served_p50_ms": p50, "served_p99_ms": p99, "served_mean_ms": mean, "mean_breakdown_ms": breakdown,
             "handler_model_p50_ms": median(lambda run: run["handler_p50_ms"]["model"]),
             "model_threads": served[len(served) // 2]["model_threads"],
-            "engine_alone_one_text_p50_ms": {"2_threads": alone_2, "1_thread": alone_1},
-            "p50_over_engine_alone_2_threads": round(p50 / alone_2, 3), "p99_over_p50": round(p99 / p50, 3)}
+            "engine_alone_one_text_p50_ms": alone,
+            "p50_over_engine_alone_2_threads": round(p50 / alone["2_threads"]["back_to_back"], 3),
+            "p50_over_engine_alone_2_threads_after_idle": round(p50 / alone["2_threads"]["after_idle"], 3),
+            "p99_over_p50": round(p99 / p50, 3)}
 
 
 def check_targets(breakdown: dict) -> list[dict]:

@@ -89,8 +89,10 @@ def operation(operation_id: str, summary: str, request: dict | None, answer: dic
     if request is not None:
         operation["requestBody"] = {"required": True, "content": request}
     operation["responses"] = {
-        "200": {"description": "the answer", "headers": {"x-batch-size": header(
-            "how many requests the server batched with this one")},
+        "200": {"description": "the answer", "headers": {
+            "x-batch-size": header("how many requests the server batched with this one"),
+            "server-timing": header("the handler's time for this request's batch, in ms (W3C Server-Timing): parse, "
+                                    "tokenize, model (its CPU threads in desc), encode, and the handler's whole time")},
                 "content": {"application/json": answer}},
         **errors,
     }

@@ -92,8 +92,8 @@ class EmbeddingHandler:
         started = time.perf_counter()
         with self.busy.held():  # a stopping server waits for this batch's answers
             responses = self._handle(data, context)
-        trim_ms = self.freed_memory.release()
-        self._reply(responses, context, handler_ms=(time.perf_counter() - started) * 1000, trim_ms=trim_ms)
+        self._reply(responses, context, handler_ms=(time.perf_counter() - started) * 1000)
+        self.freed_memory.release()  # in the background, while TorchServe sends the answers
         return [response.body for response in responses]
 
     def _handle(self, data: list[dict[str, Any]], context: Context) -> list[Response]:
@@ -117,10 +117,10 @@ class EmbeddingHandler:
         return responses
 
     @staticmethod
-    def _reply(responses: list[Response], context: Context, *, handler_ms: float, trim_ms: float) -> None:
+    def _reply(responses: list[Response], context: Context, *, handler_ms: float) -> None:
         # The handler's whole time closes each answer's Server-Timing: what it leaves out of a
         # request's latency is TorchServe's (bench/latency.py splits it).
-        timing = f"handler;dur={handler_ms:.3f}" + (f", trim;dur={trim_ms:.3f}" if trim_ms else "")
+        timing = f"handler;dur={handler_ms:.3f}"
         for idx, response in enumerate(responses):
             stages = response.headers.get("server-timing")
             response.headers["server-timing"] = f"{stages}, {timing}" if stages else timing

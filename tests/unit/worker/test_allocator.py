@@ -37,9 +37,9 @@ keep = blocks[-1]
 del blocks  # freed, but the heap's top is still in use: glibc keeps the pages
 held = rss_mib()
 freed = FreedMemory(interval_s=60.0)
-freed.release()
+assert freed.release(wait=True)
 released = rss_mib()
-freed.release()  # within the interval: nothing more
+assert not freed.release()  # within the interval: nothing more
 print(held, released)
 """
 
