@@ -97,6 +97,10 @@ class FaultInjectingBackend:
     def describe(self) -> dict[str, Any]:
         return self.backend.describe()
 
+    @property
+    def thread_counts(self) -> tuple[int, ...] | None:
+        return self.backend.thread_counts
+
 
 def answers(engine, bodies, url_path=""):
     responses, report = engine.handle_with_report([RawRequest(json.dumps(b).encode(), None, url_path) for b in bodies])

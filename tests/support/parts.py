@@ -65,6 +65,10 @@ class ObservedBackend:
     def describe(self):
         return self.backend.describe()
 
+    @property
+    def thread_counts(self):
+        return self.backend.thread_counts
+
 
 def with_faults(service, faults: FaultInjection):
     """`service`'s twin whose passes first meet `faults` (as tests/support/fault_entry.py makes a worker's)."""

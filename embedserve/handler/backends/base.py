@@ -63,3 +63,8 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]:
         """engine, layout, attention kernel, graphs replayed: for /info and the logs."""
 
+    @property
+    def thread_counts(self) -> tuple[int, ...] | None:
+        """The CPU thread counts a pass can run on: a runtime that fixes its threads when it is
+        built (ONNX Runtime, OpenVINO) runs only those; None: any (torch)."""
+

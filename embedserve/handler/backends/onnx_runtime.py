@@ -49,6 +49,10 @@ class OnnxTransformer:
         self.sessions = {count: self._session(count, borrowed=count > threads)
                          for count in sorted({threads, lend_threads} - {0})}
 
+    @property
+    def thread_counts(self) -> tuple[int, ...]:
+        return tuple(self.sessions)
+
     def _session(self, threads: int, borrowed: bool):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads

@@ -57,6 +57,10 @@ class OpenVinoTransformer:
         self.requests = {count: compiled.create_infer_request() for count, compiled in self.compiled.items()}
 
     @property
+    def thread_counts(self) -> tuple[int, ...]:
+        return tuple(self.requests)
+
+    @property
     def dtype(self) -> torch.dtype:
         """What OpenVINO really computes in: bfloat16 asked for on a CPU without bf16 units
         compiles to float32."""

@@ -61,6 +61,10 @@ class PackedBackend:
         """Real tokens only, but for the padding of the graph that replays the pass."""
         return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(inputs)
 
+    @property
+    def thread_counts(self) -> None:
+        return None  # torch: any
+
     def describe(self) -> dict[str, Any]:
         return {"engine": "torch", "layout": "packed", "attention": self.transformer.attention_kernel,
                 "cuda_graphs": 0 if self.graphs is None else len(self.graphs.graphs)}

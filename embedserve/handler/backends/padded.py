@@ -120,5 +120,9 @@ class PaddedBackend:
         """All of its bucket's tokens where a graph replays the pass."""
         return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(*inputs.ids.shape)
 
+    @property
+    def thread_counts(self) -> tuple[int, ...] | None:
+        return getattr(self.transformer, "thread_counts", None)
+
     def describe(self) -> dict[str, Any]:
         return {**self.facts, "layout": "padded", "cuda_graphs": 0 if self.graphs is None else len(self.graphs.graphs)}

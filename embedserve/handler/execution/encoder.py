@@ -285,14 +285,19 @@ class Encoder:
 
     @contextmanager
     def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[int]:
-        """Run one pass on this worker's CPUs, plus every idle one unless the pass is long or
-        too short to gain from them; yields the pass's CPU threads (0 on a GPU)."""
-        if self.lending is None or not self.lend_min_tokens <= ids.numel() <= LEND_MAX_TOKENS:
-            yield self.placement.cpu_threads
+        """Run one pass on this worker's CPUs, plus idle ones unless the pass is long or too
+        short to gain from them: one more for each lend_min_tokens of the pass, as many as the
+        backend's runtime can use. Yields the pass's CPU threads (0 on a GPU)."""
+        own, tokens = self.placement.cpu_threads, ids.numel()
+        if self.lending is None or not self.lend_min_tokens <= tokens <= LEND_MAX_TOKENS:
+            yield own
             return
-        with self.lending.borrowing() as borrowed:
-            torch.set_num_threads(self.placement.cpu_threads + borrowed)
+        counts = self.backend.thread_counts
+        with self.lending.borrowing(at_most=tokens // self.lend_min_tokens if self.lend_min_tokens else None,
+                                    usable=lambda free: max(c for c in counts if c <= own + free) - own
+                                    if counts else free) as borrowed:
+            torch.set_num_threads(own + borrowed)
             try:
-                yield self.placement.cpu_threads + borrowed
+                yield own + borrowed
             finally:
-                torch.set_num_threads(self.placement.cpu_threads)
+                torch.set_num_threads(own)

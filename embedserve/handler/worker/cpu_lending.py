@@ -7,6 +7,12 @@ in its batch), its core sleeps. So each worker owns home CPUs and, for each forw
 a batch, also borrows every CPU whose owner is neither using nor waiting for it, and runs
 that pass with that many threads.
 
+How many it borrows goes by the pass's size: one more CPU for each `lend_min_tokens` of the
+pass (the tokens that take a worker's own threads about 2 ms, calibration.py), so a small pass
+is not spread thinner than a thread hand-off is worth; and only as many as its runtime can use
+(ONNX Runtime and OpenVINO run on the thread counts they were built for: the worker's own, or
+every CPU).
+
 Coordination is by POSIX file locks, three files per CPU in a per-user temporary directory:
 - `cpu-N.owner` is locked by the worker that owns CPU N for as long as it lives (the kernel
   drops the lock when the process dies, even under kill -9);
@@ -26,7 +32,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator, Mapping, TypeVar
+from typing import IO, Callable, Iterator, Mapping, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -106,15 +112,23 @@ class CpuLending:
                 fcntl.flock(self._wants[cpu], fcntl.LOCK_UN)
 
     @contextmanager
-    def borrowing(self) -> Iterator[int]:
-        """Borrow, for one pass, every other CPU that nobody uses or wants; yields how many."""
-        borrowed = []
+    def borrowing(self, at_most: int | None = None, usable: Callable[[int], int] = lambda free: free
+                  ) -> Iterator[int]:
+        """Borrow, for one pass, up to `at_most` other CPUs that nobody uses or wants, and keep
+        `usable(found)` of them (a runtime built for fixed thread counts uses only those); yields how
+        many it kept."""
+        borrowed: list[int] = []
         for cpu, run in self._runs.items():
+            if at_most is not None and len(borrowed) >= at_most:
+                break
             if cpu in self.home or not _try_lock(self._wants[cpu]):
                 continue
             if _try_lock(run):
                 borrowed.append(cpu)
             fcntl.flock(self._wants[cpu], fcntl.LOCK_UN)
+        for cpu in borrowed[usable(len(borrowed)):]:  # found but of no use to this pass: back at once
+            fcntl.flock(self._runs[cpu], fcntl.LOCK_UN)
+        borrowed = borrowed[:usable(len(borrowed))]
         try:
             yield len(borrowed)
         finally:

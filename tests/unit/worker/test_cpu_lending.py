@@ -54,6 +54,45 @@ def test_a_pass_borrows_only_cpus_nobody_uses_or_wants(tmp_path):
             assert borrowed == 2  # and done again
 
 
+def test_a_pass_borrows_at_most_what_it_asks_and_keeps_only_what_its_runtime_uses(tmp_path):
+    mine, second, third, fourth = (CpuLending.join(4, 1, tmp_path) for _ in range(4))
+    with mine.borrowing(at_most=2) as borrowed:
+        assert borrowed == 2  # three idle, two asked for
+        with third.borrowing() as theirs:
+            assert theirs == 2  # the one left, and mine (not in a batch)
+    only_all = lambda free: 3 if free == 3 else 0  # a runtime built for 1 or 4 threads  # noqa: E731
+    with second.batch(), mine.borrowing(usable=only_all) as borrowed:
+        assert borrowed == 0  # two idle are of no use to it: given back at once ...
+        with fourth.borrowing() as theirs:
+            assert theirs == 2  # ... for another worker to borrow (its own CPU and mine)
+    with mine.borrowing(usable=only_all) as borrowed:
+        assert borrowed == 3
+
+
+def test_the_encoder_sizes_a_pass_s_threads_and_fits_them_to_its_runtime(tiny_model_dir, monkeypatch, tmp_path):
+    monkeypatch.setattr("embedserve.handler.execution.placement.available_cpus", lambda: 4)
+    placement = resolve_placement(Settings(), gpu_id=None, workers=4, cuda_available=False)
+    assert (placement.cpu_threads, placement.lend_cpus) == (1, 4)
+    engine = make_engine(tiny_model_dir, pass_overhead_tokens=32)
+    seen = []
+    counted = ObservedBackend(engine.encoder.backend, observe=lambda inputs: seen.append(torch.get_num_threads()))
+    lending = CpuLending.join(4, 1, tmp_path)
+    others = [CpuLending.join(4, 1, tmp_path) for _ in range(3)]
+    encoder = on_backend(engine.encoder, counted, placement=placement, lending=lending)
+    encoder.lend_min_tokens = 20  # a pass of 20 tokens is worth one more CPU, of 40 two, ...
+    for rows, length in ((1, 19), (1, 20), (3, 15), (5, 20)):  # passes of 19, 20, 45 and 100 tokens
+        encoder.embed(plain_inputs([[2] * length] * rows))
+    assert seen == [1, 2, 3, 4]  # torch runs on any count: one more CPU per 20 tokens, three idle at most
+    seen.clear()
+    monkeypatch.setattr(ObservedBackend, "thread_counts", (1, 4))  # as an ONNX Runtime or OpenVINO worker's
+    for rows, length in ((3, 15), (5, 20)):
+        encoder.embed(plain_inputs([[2] * length] * rows))
+    with others[0].batch():
+        encoder.embed(plain_inputs([[2] * 20] * 5))
+    assert seen == [1, 4, 1]  # 3 threads it cannot run; 2 CPUs idle of the 3 it needs: its own alone
+    assert torch.get_num_threads() == 1
+
+
 def test_an_owner_waits_one_pass_for_a_lent_cpu_and_keeps_it_from_then_on(tmp_path):
     borrower, owner = CpuLending.join(2, 1, tmp_path), CpuLending.join(2, 1, tmp_path)
     entered = threading.Event()
