@@ -229,7 +229,7 @@ def _handle_panel(split, results: dict) -> None:
     if not handled:
         raise KeyError("handle")
     bottom = np.zeros(len(handled))
-    for stage in ("prepare", "model", "encode"):
+    for stage in ("parse", "tokenize", "model", "encode"):
         values = np.array([row["ms_per_batch"].get(stage, 0.0) for row in handled.values()])
         split.bar(list(handled), values, bottom=bottom, label=stage)
         bottom += values
