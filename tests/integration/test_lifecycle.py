@@ -120,7 +120,8 @@ def test_stop_answers_the_requests_it_accepted(tmp_path, tiny_model_dir, drain_s
     if drain_s:
         assert statuses == {200: 48}, statuses
     else:
-        assert statuses[200] < 48 and set(statuses) <= {200, "ConnectionError"}, statuses
+        # A connection TorchServe closes while it writes an answer reads as a cut body (ChunkedEncodingError).
+        assert statuses[200] < 48 and set(statuses) <= {200, "ConnectionError", "ChunkedEncodingError"}, statuses
 
 
 def test_stop_with_nothing_running_says_so(tmp_path):
