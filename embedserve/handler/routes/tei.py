@@ -208,12 +208,8 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                    for key in ("output_dtype", "encoding_format")}, **ignored}},
         "TokenizeRequest": {
             "type": "object", "required": ["inputs"],
-            # Every embedding option is declared: the route checks each as /embed does (a wrong
-            # `normalize` is a 400 here too), though only these two change the answer.
-            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
-            **quantizing_needs_normalizing(model),
-            "description": f"{' and '.join(TOKENIZE_OPTIONS)} shape the tokens; the other embedding options are "
-                           "checked as on /embed, and have no effect here"},
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS}, **ignored},
+            "description": "the embedding options are checked as on /embed, and have no effect here"},
         "TEIEmbeddings": {"type": "array", "minItems": 1, "maxItems": settings.max_inputs_per_request,
                           "items": ref("Vector")},
         "Tokens": {"type": "array", "items": {"type": "array", "items": {
