@@ -187,8 +187,19 @@ def _rerank(model: ServedModel) -> dict[str, Any]:
         error_responses(EMBED_ERRORS, Route.TEI_RERANK, model.server, model=model, parse=PARSE_RERANK))}
 
 
+def _checked_only(key: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """An embedding option as /tokenize checks it, which it then ignores: its type and its
+    choices, not the bounds of what a model embeds (the most dimensions, the longest overlap, a
+    dense model's chunking)."""
+    schema = {name: value for name, value in schema.items() if name not in ("maximum", "default")}
+    if key == "long_input":
+        schema["enum"] = [*OPTION_TYPES[key][1], None]
+    return {**schema, "description": f"{OPTION_NOTES[key]}; checked, no effect here"}
+
+
 def schemas(model: ServedModel) -> dict[str, Any]:
     settings, option, many_ = model.settings, options(model), many(model)
+    option_keys = set(TOKENIZE_OPTIONS)
     # OpenAI's `model` and `user`, checked to be strings on every embedding route (routes/base.py), then ignored.
     ignored = {key: {"type": ["string", "null"], "description": OPTION_NOTES[key]} for key in IGNORED_FIELDS}
     found = {
@@ -208,8 +219,11 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                    for key in ("output_dtype", "encoding_format")}, **ignored}},
         "TokenizeRequest": {
             "type": "object", "required": ["inputs"],
-            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS}, **ignored},
-            "description": "the embedding options are checked as on /embed, and have no effect here"},
+            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS},
+                           **{key: _checked_only(key, option[key]) for key in EMBED_OPTIONS if key not in option_keys},
+                           **ignored},
+            "description": "the other embedding options are checked for their type and choices, and have no effect "
+                           "here"},
         "TEIEmbeddings": {"type": "array", "minItems": 1, "maxItems": settings.max_inputs_per_request,
                           "items": ref("Vector")},
         "Tokens": {"type": "array", "items": {"type": "array", "items": {
