@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -60,7 +61,7 @@ CORPORA = ("mixed", "fixed")
 FIXED_LENGTH = 64
 TEXTS = 512
 WARMUP_SECONDS = 10.0
-IDLE_S = 0.005  # before an `after_idle` pass alone: about what a served pass follows (bench output: not the model)
+IDLE_S = 0.005  # before an `after_idle` pass alone, and before each request: the cores idle between lone requests
 P50_TARGET = 1.3  # served p50 over the engine's one-text time on 2 threads
 P99_TARGET = 2.5  # served p99 over served p50
 FRONTEND_COUNTERS = ("ts_queue_latency_microseconds", "ts_inference_latency_microseconds", "ts_inference_requests_total")
@@ -162,7 +163,7 @@ def interleaved_run(server, url: str, auth: dict, texts: list[str], engines: dic
             "handler_mean_ms": {key: round(statistics.fmean(s.get(key, 0.0) for s in stages), 3)
                                 for key in ("parse", "tokenize", "model", "encode", "handler")},
             "handler_p50_ms": {key: _percentile([s[key] for s in stages], 50) for key in ("model", "handler")},
-            "model_threads": dict(sorted(_count(s.get("threads", 0) for s in stages).items())),
+            "model_threads": dict(sorted(Counter(s.get("threads", 0) for s in stages).items())),
             "alone_p50_ms": {engine: {kind: _percentile(times, 50) for kind, times in kinds.items()}
                              for engine, kinds in alone.items()},
             "alone_p99_ms": {engine: {kind: _percentile(times, 99) for kind, times in kinds.items()}
@@ -246,13 +247,6 @@ def check_targets(breakdown: dict) -> list[dict]:
 
 def _percentile(values, q: float) -> float:
     return round(float(np.percentile(values, q)), 3)
-
-
-def _count(values) -> dict:
-    counts: dict = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return counts
 
 
 if __name__ == "__main__":

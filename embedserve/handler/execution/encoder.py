@@ -292,10 +292,13 @@ class Encoder:
         if self.lending is None or not self.lend_min_tokens <= tokens <= LEND_MAX_TOKENS:
             yield own
             return
-        counts = self.backend.thread_counts
-        with self.lending.borrowing(at_most=tokens // self.lend_min_tokens if self.lend_min_tokens else None,
-                                    usable=lambda free: max(c for c in counts if c <= own + free) - own
-                                    if counts else free) as borrowed:
+        at_most = tokens // self.lend_min_tokens if self.lend_min_tokens else None
+        counts = self.backend.thread_counts  # None: any count
+
+        def usable(free: int) -> int:
+            return max(count for count in counts if count <= own + free) - own if counts else free
+
+        with self.lending.borrowing(at_most=at_most, usable=usable) as borrowed:
             torch.set_num_threads(own + borrowed)
             try:
                 yield own + borrowed

@@ -199,7 +199,6 @@ def _checked_only(key: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def schemas(model: ServedModel) -> dict[str, Any]:
     settings, option, many_ = model.settings, options(model), many(model)
-    option_keys = set(TOKENIZE_OPTIONS)
     # OpenAI's `model` and `user`, checked to be strings on every embedding route (routes/base.py), then ignored.
     ignored = {key: {"type": ["string", "null"], "description": OPTION_NOTES[key]} for key in IGNORED_FIELDS}
     found = {
@@ -220,7 +219,7 @@ def schemas(model: ServedModel) -> dict[str, Any]:
         "TokenizeRequest": {
             "type": "object", "required": ["inputs"],
             "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in TOKENIZE_OPTIONS},
-                           **{key: _checked_only(key, option[key]) for key in EMBED_OPTIONS if key not in option_keys},
+                           **{key: _checked_only(key, option[key]) for key in EMBED_OPTIONS if key not in TOKENIZE_OPTIONS},
                            **ignored},
             "description": "the other embedding options are checked for their type and choices, and have no effect "
                            "here"},

@@ -226,7 +226,6 @@ class EmbedTask:
     def max_length(self) -> int:
         return self.checks.max_length
 
-
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         return self.checks.token_ids(texts)
 

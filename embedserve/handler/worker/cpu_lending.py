@@ -126,9 +126,10 @@ class CpuLending:
             if _try_lock(run):
                 borrowed.append(cpu)
             fcntl.flock(self._wants[cpu], fcntl.LOCK_UN)
-        for cpu in borrowed[usable(len(borrowed)):]:  # found but of no use to this pass: back at once
+        kept = usable(len(borrowed))
+        for cpu in borrowed[kept:]:  # found but of no use to this pass: back at once
             fcntl.flock(self._runs[cpu], fcntl.LOCK_UN)
-        borrowed = borrowed[:usable(len(borrowed))]
+        borrowed = borrowed[:kept]
         try:
             yield len(borrowed)
         finally:
