@@ -1,6 +1,15 @@
-"""Every tested model family (tests/support/model_families.py) in every GPU mode, one family per process.
+"""Every tested model family in every GPU mode, one family per process.
 
-    python -m bench.gpu_families FAMILY --out DIR [--device auto|cuda|cpu] [--texts N] [--modes A,B]
+    python -m bench.gpu_families FAMILY --out DIR [--device auto|cuda|cpu] [--texts N] [--modes A,B] [--models DIR]
+    python -m bench.gpu_families --prepare DIR      every family's folder, as the build stages it, into DIR/FAMILY
+
+The families: those of tests/support/model_families.py (dense: BERT with Dense, XLM-R, MPNet,
+Qwen3, ModernBERT), the native ports behind remote-code folders (nomic, GTE v1.5, Arctic-m-v2 in
+their original layout; EmbeddingGemma; EuroBERT) and the other outputs (a SPLADE sparse
+encoder, bge-m3's three outputs, a ColBERT multi-vector encoder), each a tiny random model made
+offline by the tests' own makers and staged as `./build_mar.sh` stages it. Making the newer ones
+needs the project's transformers and sentence-transformers: `--prepare` makes them where those
+are installed, and `--models DIR` reads them there (scripts/gpu_travel.sh and gpu_run.sh do so).
 
 Writes DIR/FAMILY.json: per mode (fp16 eager, fp16 CUDA graphs, fp16 packed with graphs and bf16
 graphs on CUDA; fp32 eager, bf16 eager and fp32 packed in CPU mode) whether the engine started
@@ -17,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -28,13 +38,19 @@ import numpy as np
 import torch
 
 from bench.gpu.correctness import compare
+from embedserve.archive.stage import stage_model
 from bench.gpu.engines import graphs_of, release
 from bench.gpu.report import GRAPHS_MAX_REL_ERROR
 from embedserve.handler.assembly import assemble
+from embedserve.handler.execution.encoder import HybridVectors, SparseRows
+from embedserve.handler.model.inputs import plain_inputs
 from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
-from tests.support.model_families import FAMILIES, corpus, make_family
-from embedserve.handler.model.inputs import plain_inputs
+from tests.support.model_families import FAMILIES as DENSE_FAMILIES, corpus, make_family
+
+NATIVE_FAMILIES = ("nomic", "gte", "arctic", "embeddinggemma", "eurobert")
+OUTPUT_FAMILIES = ("splade", "m3", "colbert")
+FAMILIES = DENSE_FAMILIES + NATIVE_FAMILIES + OUTPUT_FAMILIES
 
 CUDA_MODES = {  # name -> settings
     "float16_eager": dict(dtype="float16"),
@@ -56,12 +72,20 @@ MIN_COSINE = 0.999
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.gpu_families", description=__doc__.split("\n\n")[0])
-    parser.add_argument("family", choices=FAMILIES)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("family", choices=FAMILIES, nargs="?")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--models", type=Path, help="prepared folders (DIR/FAMILY), made by --prepare")
+    parser.add_argument("--prepare", type=Path, metavar="DIR", help="make every family's folder into DIR, and stop")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--texts", type=int, default=96)
     parser.add_argument("--modes", help="comma-separated mode names (default: every mode of the device)")
     args = parser.parse_args(argv)
+    if args.prepare:
+        for family in FAMILIES:
+            print(family, make_model(family, args.prepare / family))
+        return 0
+    if not (args.family and args.out):
+        parser.error("FAMILY and --out are needed (or --prepare DIR)")
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     modes = CUDA_MODES if cuda else CPU_MODES
     if args.modes:
@@ -78,22 +102,44 @@ def main(argv: list[str] | None = None) -> int:
         partial.replace(target)
 
     with tempfile.TemporaryDirectory(prefix=f"family-{args.family}-") as scratch:
-        result = run(args.family, Path(scratch), cuda, args.texts, modes, write)
+        model_dir = args.models / args.family if args.models and (args.models / args.family).is_dir() else None
+        result = run(args.family, Path(scratch), cuda, args.texts, modes, write, model_dir=model_dir)
     print(summary(result))
     return 0 if result["ok"] else 1
 
 
+def make_model(family: str, path: Path) -> Path:
+    """The family's tiny random model, staged into `path` as the build stages a folder."""
+    if family in DENSE_FAMILIES:
+        return make_family(family, path)
+    from tests.support import m3_models, multi_vector_models, native_models, sparse_models
+
+    source = path.parent / f"{path.name}-source"
+    makers = {"nomic": lambda: native_models.make_native_and_original("nomic", source)[1],  # the original layout
+              "gte": lambda: native_models.make_native_and_original("gte", source)[1],
+              "arctic": lambda: native_models.make_native_and_original("arctic", source)[1],
+              "embeddinggemma": lambda: native_models.make_embeddinggemma(source),
+              "eurobert": lambda: native_models.make_eurobert(source),
+              "splade": lambda: sparse_models.make_splade(source),
+              "m3": lambda: m3_models.make_m3(source),
+              "colbert": lambda: multi_vector_models.make_colbert(source)}
+    stage_model(makers[family](), path)
+    for made in (source, source.with_name(f"{source.name}-raw")):  # the staged copy holds what serves
+        shutil.rmtree(made, ignore_errors=True)
+    return path
+
+
 def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dict],
-        write=lambda result: None) -> dict:
+        write=lambda result: None, model_dir: Path | None = None) -> dict:
     """The family's every mode; `write` gets the result so far after each (`complete`: false
-    until the last)."""
+    until the last). `model_dir`: the family's prepared folder (else it is made in `scratch`)."""
     device = "cuda" if cuda else "cpu"
-    model_dir = make_family(family, scratch / family)
+    model_dir = model_dir or make_model(family, scratch / family)
     # Mixed lengths, a few over the model's max length (cut, as served).
     texts = [text * (1 + i % 5) for i, text in enumerate(corpus(count, seed=11))]
     reference_engine, _ = _engine(model_dir, device, dtype="float32", max_batch_size=1, unpadded=True)
     ids = reference_engine.text.token_ids(texts)
-    reference = reference_engine.encoder.embed(plain_inputs(ids)).vectors.numpy()
+    reference = outputs(reference_engine, plain_inputs(ids))
     del reference_engine
     rows, vectors = {}, {}
     result = {"family": family, "device": device, "texts": len(texts), "tokens": sum(map(len, ids)),
@@ -102,7 +148,7 @@ def run(family: str, scratch: Path, cuda: bool, count: int, modes: dict[str, dic
         rows[name], vectors[name] = mode(model_dir, device, settings, ids, reference)
         twin = EAGER_TWIN.get(name)
         if vectors[name] is not None and vectors.get(twin) is not None:
-            against = compare(vectors[name], vectors[twin])
+            against = compare_outputs(vectors[name], vectors[twin])
             rows[name][f"vs_{twin}"] = {key: against[key] for key in ("min_cosine", "max_rel_error")}
         release(cuda)
         result["ok"] = all(_mode_ok(row) for row in rows.values()) and len(rows) == len(modes)
@@ -119,8 +165,63 @@ def _mode_ok(row: dict) -> bool:
     return all(t["max_rel_error"] is not None and t["max_rel_error"] <= GRAPHS_MAX_REL_ERROR for t in twins)
 
 
+def outputs(engine: EmbeddingService, inputs) -> dict[str, object]:
+    """The engine's outputs of `inputs` by kind: "dense" (items, dimension), "sparse" [(2, entries):
+    ids over weights], "tokens" [(tokens, dimension)]; bge-m3's three as dense, sparse and "colbert"."""
+    vectors = engine.encoder.embed(inputs).vectors
+    if isinstance(vectors, HybridVectors):
+        return {"dense": vectors.dense.numpy(), "sparse": list(vectors.sparse), "colbert": list(vectors.colbert)}
+    if isinstance(vectors, torch.Tensor):
+        return {"dense": vectors.numpy()}
+    return {"sparse" if engine.encoder.rows is SparseRows else "tokens": list(vectors)}
+
+
+def concatenated(batches: list[dict[str, object]]) -> dict[str, object]:
+    return {kind: np.concatenate([b[kind] for b in batches]) if kind == "dense" else
+            [row for b in batches for row in b[kind]] for kind in batches[0]}
+
+
+def compare_outputs(got: dict[str, object], want: dict[str, object]) -> dict:
+    """Each output against the reference's: dense rows as they are; each sparse row as a vector
+    over the ids either side has (an id one side lacks weighs 0 there); token vectors one by one
+    (an item whose token count differs counts as a mismatch). The worst over the outputs, and
+    each output's own figures."""
+    per_output = {}
+    for kind, rows in got.items():
+        if kind == "dense":
+            per_output[kind] = compare(rows, want[kind])
+            continue
+        if kind == "sparse":
+            pairs = [_scattered(a, b) for a, b in zip(rows, want[kind])]
+        else:
+            pairs = [(a, b) for a, b in zip(rows, want[kind]) if a.shape == b.shape]
+        items = [compare(a, b) for a, b in pairs if len(a)]
+        per_output[kind] = {"min_cosine": min((i["min_cosine"] for i in items if i["min_cosine"] is not None),
+                                              default=None),
+                            "max_rel_error": max((i["max_rel_error"] for i in items
+                                                  if i["max_rel_error"] is not None), default=None),
+                            "nan_rows": sum(i["nan_rows"] for i in items),
+                            "shape_mismatches": len(rows) - len(pairs)}
+        if len(rows) != len(pairs):
+            per_output[kind]["min_cosine"] = 0.0
+    cosines = [row["min_cosine"] for row in per_output.values()]
+    errors = [row["max_rel_error"] for row in per_output.values()]
+    return {"min_cosine": None if None in cosines else min(cosines),
+            "max_rel_error": None if None in errors else max(errors),
+            "nan_rows": sum(row["nan_rows"] for row in per_output.values()), "outputs": per_output}
+
+
+def _scattered(got: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two sparse rows ((2, entries)) as (1, ids of either) dense rows."""
+    ids = np.union1d(got[0], want[0])
+    a, b = np.zeros((1, len(ids)), np.float32), np.zeros((1, len(ids)), np.float32)
+    a[0, np.searchsorted(ids, got[0])] = got[1]
+    b[0, np.searchsorted(ids, want[0])] = want[1]
+    return (a, b) if len(ids) else (np.zeros((0, 1), np.float32),) * 2
+
+
 def mode(model_dir: Path, device: str, settings: dict, ids: list[list[int]],
-         reference: np.ndarray) -> tuple[dict, np.ndarray | None]:
+         reference: dict[str, object]) -> tuple[dict, dict | None]:
     """One engine of `settings`: how it runs and how far its vectors lie from the reference."""
     started = time.perf_counter()
     try:
@@ -130,22 +231,27 @@ def mode(model_dir: Path, device: str, settings: dict, ids: list[list[int]],
                 "traceback": traceback.format_exc()[-4000:]}, None
     row = {"started": True, "startup_s": round(time.perf_counter() - started, 3)}
     info = engine.info()
-    row.update(layout=info["layout"], attention=info["attention"], graphs_captured=info["cuda_graphs"])
+    row.update(layout=info["layout"], attention=info["attention"], graphs_captured=info["cuda_graphs"],
+               selected_by={k: v for k, v in engine.encoder.reasons.items() if k in ("layout", "cuda_graphs")})
     if warnings:
         row["startup_warnings"] = warnings
     runner = graphs_of(engine.encoder.backend)
     before = None if runner is None else (runner.replays, runner.eager)
     try:
-        vectors = np.concatenate([engine.encoder.embed(plain_inputs(ids[i:i + TORCHSERVE_BATCH])).vectors.numpy()
-                                  for i in range(0, len(ids), TORCHSERVE_BATCH)])
+        vectors = concatenated([outputs(engine, plain_inputs(ids[i:i + TORCHSERVE_BATCH]))
+                                for i in range(0, len(ids), TORCHSERVE_BATCH)])
     except Exception as err:
         return {**row, "error": f"{type(err).__name__}: {err}"[:2000],
                 "traceback": traceback.format_exc()[-4000:]}, None
     if runner is not None:  # the corpus's own passes, not the warm-up's
         row.update(replays=runner.replays - before[0], eager_passes=runner.eager - before[1])
-    measured = compare(vectors, reference)
+    measured = compare_outputs(vectors, reference)
     row["non_finite_rows"] = measured["nan_rows"]
     row["min_cosine"] = measured["min_cosine"] if measured["min_cosine"] is not None else 0.0
+    if len(measured["outputs"]) > 1 or "dense" not in measured["outputs"]:
+        row["outputs"] = {kind: {key: figures[key] for key in ("min_cosine", "max_rel_error", "nan_rows",
+                                                                 "shape_mismatches") if key in figures}
+                          for kind, figures in measured["outputs"].items()}
     return row, vectors
 
 

@@ -160,30 +160,11 @@ EOF
 if [[ ! -f $DIR/minilm-fp16/model.safetensors ]]; then
     bash scripts/gpu_travel.sh || die "scripts/gpu_travel.sh failed"
 fi
-# xz, one stream (better than xz -T's blocks), written beside the target and moved into place.
-# The model's weights are 16-bit numbers: LZMA2 told so (lp=1, pb=1, lc=0) packs them 5% tighter.
-"$PY" - "$WORK/stage" "$DIR/runtime.tar.xz" "$DIR/minilm-fp16" "$DIR/minilm-fp16.tar.xz" <<'EOF'
-import lzma, os, sys, tarfile, time
-from pathlib import Path
-
-def pack(folder: Path, target: Path, names: list[str], lzma2: dict) -> None:
-    started = time.monotonic()
-    partial = target.with_name(target.name + ".partial")
-    filters = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, **lzma2}]
-    with lzma.open(partial, "wb", format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, filters=filters) as raw, \
-            tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in names:
-            tar.add(folder / name, arcname=name)
-    os.replace(partial, target)
-    print(f"{target}: {target.stat().st_size / 2**20:.2f} MiB in {time.monotonic() - started:.0f} s",
-          file=sys.stderr)
-
-stage, runtime, model, model_archive = map(Path, sys.argv[1:])
-pack(stage, runtime, ["jre", "wheels"], {})
-newest = max(p.stat().st_mtime for p in model.rglob("*"))
-if not model_archive.is_file() or model_archive.stat().st_mtime < newest:
-    pack(model.parent, model_archive, [model.name], {"lc": 0, "lp": 1, "pb": 1})
-EOF
+# Each archive one xz stream (scripts/pack_xz.py); the model's again only when its folder changed.
+"$PY" scripts/pack_xz.py "$DIR/runtime.tar.xz" "$WORK/stage" jre wheels || die "packing the runtime failed"
+if [[ ! -f $DIR/minilm-fp16.tar.xz || -n $(find "$DIR/minilm-fp16" -newer "$DIR/minilm-fp16.tar.xz" -print -quit) ]]; then
+    "$PY" scripts/pack_xz.py "$DIR/minilm-fp16.tar.xz" "$DIR" minilm-fp16 --weights || die "packing the model failed"
+fi
 [[ ${KEEP_WORK:-0} == 1 ]] || rm -rf "$WORK"
 
 # --- what each call carries ---------------------------------------------------------------------

@@ -4,8 +4,10 @@
 #   scripts/gpu_run.sh OUTDIR                           every step within one budget (400 s)
 #
 # It needs, besides the repository, what `make gpu-travel` puts in build/gpu/ (ignored by git, so
-# name it when copying): build/gpu/handler-wheels (orjson for the machine's Python) and
-# build/gpu/minilm-fp16 (all-MiniLM-L6-v2 in float16). The steps, in order of what matters most:
+# name it when copying): build/gpu/handler-wheels (orjson for the machine's Python, the project's
+# transformers and sentence-transformers), build/gpu/families (the families' tiny models) and
+# build/gpu/minilm-fp16.tar.xz (all-MiniLM-L6-v2 in float16, unpacked here; or the folder itself).
+# The steps, in order of what matters most:
 #
 #   prerequisites       the packages, the carried paths and the GPU, checked in the first seconds;
 #                       what is missing is named, and nothing else runs
@@ -30,7 +32,8 @@
 #
 #   GPU_RUN_SECONDS=400          the whole run's budget
 #   GPU_RUN_DEVICE=auto          auto, cuda or cpu, for every step
-#   GPU_RUN_FAMILIES="a b"       the families (default: every one of tests/support/model_families.py)
+#   GPU_RUN_FAMILIES="a b"       the families (default: every one of bench/gpu_families.py)
+#   GPU_RUN_FAMILY_MODELS=DIR    their prepared folders (default build/gpu/families where it exists)
 #   GPU_RUN_FAMILY_MODES=a,b     the modes of each family (default: every mode of the device)
 #   GPU_RUN_FAMILY_TEXTS=96      texts per family
 #   GPU_RUN_FAMILY_SECONDS=120   the families' time limit at most (they run side by side)
@@ -51,6 +54,9 @@ PY=${PY:-python3}
 MODEL=${GPU_RUN_MODEL:-build/gpu/minilm-fp16}
 FAMILY_TEXTS=${GPU_RUN_FAMILY_TEXTS:-96}
 FAMILY_SECONDS=${GPU_RUN_FAMILY_SECONDS:-120}
+# Families made here by make gpu-travel (their makers need the project's sentence-transformers);
+# a family not there is made in its own process.
+FAMILY_MODELS=${GPU_RUN_FAMILY_MODELS-$([[ -d build/gpu/families ]] && echo build/gpu/families)}
 # What each later step is promised of the budget when an earlier one takes its limit.
 FAMILIES_RESERVE=90
 PROBE_RESERVE=40
@@ -62,31 +68,51 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_RETRIES=0 
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
 
-install_wheels() {  # the carried wheels, apart from the machine's own packages
-    local site
-    if "$PY" -c 'import orjson' 2>/dev/null; then
-        echo "orjson is importable here: build/gpu/handler-wheels not needed"
-        return 0
-    fi
-    if ! compgen -G "build/gpu/handler-wheels/*.whl" > /dev/null; then
+install_wheels() {  # the carried wheels the machine lacks, before its own packages on the path
+    local site wheels
+    # A wheel is needed unless its version is installed, or (a compiled one, built for another
+    # Python, say) its package imports already.
+    mapfile -t wheels < <("$PY" - build/gpu/handler-wheels/*.whl <<'EOF'
+import importlib.metadata as metadata, importlib.util, sys
+from pathlib import Path
+for wheel in sys.argv[1:]:
+    if not Path(wheel).is_file():
+        continue
+    name, version, *tags = Path(wheel).stem.split("-")
+    try:
+        installed = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        installed = None
+    if installed == version or (tags[-1] != "any" and importlib.util.find_spec(name) is not None):
+        print(f"{name} {installed} is installed: {Path(wheel).name} not needed", file=sys.stderr)
+    else:
+        print(wheel)
+EOF
+    )
+    if ! "$PY" -c 'import orjson' 2>/dev/null && [[ " ${wheels[*]} " != *orjson-* ]]; then
         echo "MISSING: orjson, and no build/gpu/handler-wheels: make gpu-travel, and carry build/gpu/handler-wheels"
         return 1
     fi
+    ((${#wheels[@]})) || return 0
     site=$SCRATCH/site
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-    if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
-            build/gpu/handler-wheels/*.whl; then
+    echo "installing ${wheels[*]##*/} into $site"
+    if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"; then
         # A wheel is a zip laid out as installed: without pip, unpacking it is the install.
         echo "pip install failed: unpacking the wheels into $site"
         "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
-            "$site" build/gpu/handler-wheels/*.whl || return 1
+            "$site" "${wheels[@]}" || return 1
     fi
 }
 
 prerequisites() {  # everything the steps need, named when missing, before any of them runs
     install_wheels || return 1
+    if [[ $MODEL != none && ! -f $MODEL/config.json && -f $MODEL.tar.xz ]]; then  # carried packed
+        "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+            "$MODEL.tar.xz" "$(dirname "$MODEL")" && echo "unpacked $MODEL.tar.xz"
+    fi
     if [[ $MODEL != none && ! -f $MODEL/config.json ]]; then
-        echo "MISSING: $MODEL (make gpu-travel, and carry build/gpu/minilm-fp16; GPU_RUN_MODEL=none uses a random model)"
+        echo "MISSING: $MODEL (make gpu-travel, and carry build/gpu/minilm-fp16.tar.xz; GPU_RUN_MODEL=none uses a random model)"
         return 1
     fi
     timeout --kill-after=10 90 "$PY" - "$DEVICE" <<'EOF'
@@ -140,10 +166,7 @@ EOF
 
 families() {  # FOLDER LIMIT: every family in its own process, side by side, all within LIMIT seconds
     local folder=$1 limit=$2 began=$SECONDS list parallel remaining
-    list=${GPU_RUN_FAMILIES:-$("$PY" -c 'import ast
-tree = ast.parse(open("tests/support/model_families.py").read())
-print(*next(ast.literal_eval(n.value) for n in tree.body
-            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FAMILIES"))')}
+    list=${GPU_RUN_FAMILIES:-$("$PY" -c 'from bench.gpu_families import FAMILIES; print(*FAMILIES)')}
     parallel=${GPU_RUN_JOBS:-$([[ $CUDA == 1 ]] && echo 8 || echo 2)}  # CPU mode: CI's two cores
     echo "families: $list ($parallel at a time, ${FAMILY_TEXTS} texts each)"
     for family in $list; do
@@ -159,6 +182,7 @@ print(*next(ast.literal_eval(n.value) for n in tree.body
             # Each family writes its file after every mode: one stopped here keeps what it finished.
             timeout --kill-after=5 "$remaining" "$PY" -m bench.gpu_families "$family" \
                 --out "$folder" --device "$DEVICE" --texts "$FAMILY_TEXTS" \
+                ${FAMILY_MODELS:+--models "$FAMILY_MODELS"} \
                 ${GPU_RUN_FAMILY_MODES:+--modes "$GPU_RUN_FAMILY_MODES"} > "$folder/$family.log" 2>&1
             printf '%s %s\n' "$?" "$((SECONDS - started))" > "$folder/$family.rc"
         ) &
