@@ -252,7 +252,21 @@ def mode(model_dir: Path, device: str, settings: dict, ids: list[list[int]],
         row["outputs"] = {kind: {key: figures[key] for key in ("min_cosine", "max_rel_error", "nan_rows",
                                                                  "shape_mismatches") if key in figures}
                           for kind, figures in measured["outputs"].items()}
+    row["one_text_ms"] = _one_text_ms(engine, ids[0][:16])
     return row, vectors
+
+
+def _one_text_ms(engine: EmbeddingService, ids: list[int], calls: int = 50) -> float:
+    """Median wall time of one short text through `encoder.embed` (its answer back on the host):
+    what graphs save a lone request."""
+    inputs = plain_inputs([ids])
+    engine.encoder.embed(inputs)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        engine.encoder.embed(inputs)
+        times.append(time.perf_counter() - started)
+    return round(float(np.median(times)) * 1000, 3)
 
 
 class _Collect(logging.Handler):
@@ -294,7 +308,8 @@ def summary(result: dict) -> str:
         twin = next((f" vs eager: rel error {v['max_rel_error']}" for k, v in row.items() if k.startswith("vs_")), "")
         lines.append(f"  {name:24} {row['layout']:6} {row['attention']!s:14} graphs {row['graphs_captured']:3} "
                      f"replays {row.get('replays', '-')!s:>4} eager {row.get('eager_passes', '-')!s:>3} "
-                     f"min cos {row['min_cosine']:.6f} non-finite {row['non_finite_rows']}{twin}")
+                     f"min cos {row['min_cosine']:.6f} non-finite {row['non_finite_rows']} "
+                     f"one text {row.get('one_text_ms')} ms{twin}")
     lines.append("ok" if result["ok"] else "NOT OK")
     return "\n".join(lines)
 

@@ -156,10 +156,19 @@ class StaticGraph(StaticPass):
         return self.output[:rows]
 
 
+class Captured(dict):
+    """The graphs captured and trusted, by bucket; where there are none, `why_none` says why (for
+    /info: a user asks why a worker runs eagerly)."""
+
+    def __init__(self, graphs: dict | None = None, why_none: str | None = None):
+        super().__init__(graphs or {})
+        self.why_none = why_none
+
+
 class GraphRunner:
     """The captured buckets of one encoder, and the choice between replay and eager."""
 
-    def __init__(self, graphs: dict[Bucket, StaticGraph], forward: Forward):
+    def __init__(self, graphs: Captured, forward: Forward):
         self.graphs = graphs
         self.forward = forward  # the eager path, for passes that fit no bucket
         self.buckets = sorted(graphs)
@@ -198,10 +207,10 @@ class GraphRunner:
         return self.graphs[bucket].run(ids, mask)
 
 
-def _capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: int) -> dict:
+def _capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: int) -> Captured:
     """Warm up, then capture, the static passes of `device` (steps 1 and 2 above): their
-    buckets -> the graphs captured; none, with a warning, if the forward synchronizes or a
-    capture fails."""
+    buckets -> the graphs captured; none, with a warning and the reason, if the forward
+    synchronizes or a capture fails."""
     smallest_first = sorted(graphs, key=lambda graph: (graph.bucket.tokens, graph.bucket))
     captured: dict = {}
     with _side_stream(device):
@@ -211,25 +220,29 @@ def _capture_all(graphs: Sequence[StaticPass], device: torch.device, max_bytes: 
         synchronizes = forward_synchronizes(affordable[0].compute, device) \
             if affordable and device.type == "cuda" else None
         if synchronizes is not None:
-            log.warning("CUDA graphs: none for this model: its forward pass %s, which a capture refuses; "
-                        "every pass runs eagerly", synchronizes)
-            return {}
+            why = f"this model's forward pass {synchronizes}, which a capture refuses"
+            log.warning("CUDA graphs: none: %s; every pass runs eagerly", why)
+            return Captured(why_none=why)
+        if not affordable:
+            return Captured(why_none="every bucket's warm-up failed or needed more than cuda_graph_max_mb")
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         # Largest first: the first graph sizes the shared pool, the later ones fit inside it.
         for graph in reversed(affordable):
-            if not _captured(graph, pool):
-                return {}  # the graphs captured so far go with this dict; their pool stays cached
+            failure = _capture_failure(graph, pool)
+            if failure is not None:  # the graphs captured so far go with this dict; their pool stays cached
+                return Captured(why_none=f"the capture of bucket {graph.bucket} failed ({failure})")
             captured[graph.bucket] = graph
     shown = sorted(captured)
     if len(shown) > 12:  # packed ladders hold about a thousand sizes: the ends say enough
         shown = [*shown[:3], "...", *shown[-3:]]
     log.info("CUDA graphs: captured %d of %d buckets: %s", len(captured), len(graphs),
              ", ".join(map(str, shown)) or "none")
-    return captured
+    return Captured(captured)
 
 
 def capture_checked(graphs: Iterable[StaticPass], device: torch.device, max_bytes: int,
-                    random_pass: Callable[[StaticPass], tuple[torch.Tensor, torch.Tensor]], tolerance: float) -> dict:
+                    random_pass: Callable[[StaticPass], tuple[torch.Tensor, torch.Tensor]], tolerance: float
+                    ) -> Captured:
     """Steps 1 to 3 on `device`, made current first: the graphs captured and trusted, by bucket;
     none, with an error in the log, if any of them fails the check. `graphs` is made lazily, so
     on that device and held by nothing else. `random_pass(graph)` replays a random pass that
@@ -242,7 +255,7 @@ def capture_checked(graphs: Iterable[StaticPass], device: torch.device, max_byte
     log.error("CUDA graphs: %s; every graph is dropped and these passes run eagerly", failure)
     del captured  # nothing holds the graphs' memory any more: release it
     release_memory(device)
-    return {}
+    return Captured(why_none=f"dropped: {failure}")
 
 
 def _replay_failure(graphs: Iterable[StaticPass], random_pass: Callable[[StaticPass], tuple[torch.Tensor, torch.Tensor]],
@@ -277,7 +290,8 @@ def _warmed_up_within(graph: StaticGraph, max_bytes: int) -> bool:
     return True
 
 
-def _captured(graph: StaticPass, pool: object) -> bool:
+def _capture_failure(graph: StaticPass, pool: object) -> str | None:
+    """None once `graph` is captured; else why not."""
     global capture_failed
     try:
         graph.capture(pool)
@@ -285,8 +299,8 @@ def _captured(graph: StaticPass, pool: object) -> bool:
         capture_failed = True
         log.warning("CUDA graphs: none for this worker: the capture of bucket %s failed (%s); every pass "
                     "runs eagerly", graph.bucket, _one_line(err))
-        return False
-    return True
+        return _one_line(err)
+    return None
 
 
 def forward_synchronizes(run: Callable[[], object], device: torch.device) -> str | None:

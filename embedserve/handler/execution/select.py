@@ -195,7 +195,8 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
             backend, reasons["layout"] = _layout(padded, torch_transformer.model, placement, parts, head) \
                 if placement.packed else (padded, "padded: the default")
         if placement.cuda_graphs and (sparse or parts.m3 or parts.multi_vector):
-            reasons["cuda_graphs"] = "none: a sparse or hybrid model's passes run eagerly (outputs per token)"
+            reasons["cuda_graphs"] = "none: a sparse, hybrid or multi-vector model's passes run eagerly (outputs " \
+                                     "per token)"
         elif placement.cuda_graphs:
             with torch.inference_mode():
                 backend, reasons["cuda_graphs"] = with_graphs(backend, torch_transformer.model, placement, parts)
@@ -289,7 +290,7 @@ def with_graphs(backend: Backend, model: torch.nn.Module, placement: Placement,
             return backend, "none: no bucket within the position embeddings"
         runner = GraphRunner.capture(backend.pooled, buckets, **common)
     if not runner.graphs:
-        return backend, "none: refused or dropped at start-up (see the worker's log)"
+        return backend, f"none: {runner.graphs.why_none or 'none captured'}"
     return backend.with_graphs(runner), f"captured {len(runner.graphs)}"
 
 

@@ -11,8 +11,12 @@ SDPA, an additive one for eager attention), and a padding-free pass gets an all-
 instead of none, which changes no value. A CUDA graph capture already skips the read
 (transformers sees the capture), so replayed passes were never affected.
 
-Other architectures (ModernBERT's sliding-window mask, decoders' causal masks) keep building
-their own mask, with the read.
+Those encoders: BERT, RoBERTa, XLM-R, MPNet, and the native ports of nomic-bert, GTE v1.5 /
+Arctic-m-v2 and EuroBERT (their forwards were read in transformers 5.24: the 2D mask goes to
+`create_bidirectional_mask` alone). Without it their forward read the device on every pass, which a
+CUDA graph capture refuses (the sync check at capture, on an H100), so they got no graphs. Other
+architectures (ModernBERT's and EmbeddingGemma's sliding-window masks, decoders' causal masks) keep
+building their own mask, with the read.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import torch
 from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
 from transformers.masking_utils import create_bidirectional_mask
 
-# Exact classes: a subclass may build its mask otherwise.
+# Exact classes: a subclass may build its mask otherwise. The native ports by name, transformers'
+# own: an older transformers (setup.cfg allows 5.0) may lack one.
 PLAIN_BIDIRECTIONAL = (BertModel, RobertaModel, XLMRobertaModel, MPNetModel)
+PLAIN_BIDIRECTIONAL_PORTS = {"NomicBertModel": "nomic_bert", "GteModel": "gte", "EuroBertModel": "eurobert"}
 
 # (batch, seq) mask of 1 and 0 -> the mask the model's attention takes, (batch, 1, seq, seq).
 MaskBuilder = Callable[[torch.Tensor], torch.Tensor]
@@ -33,7 +39,7 @@ MaskBuilder = Callable[[torch.Tensor], torch.Tensor]
 def mask_builder(model: torch.nn.Module) -> MaskBuilder | None:
     """What builds `model`'s 4D mask without a host read, or None where the model must build it."""
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
-    if type(model) not in PLAIN_BIDIRECTIONAL or getattr(model.config, "is_decoder", False):
+    if not _plain_bidirectional(type(model)) or getattr(model.config, "is_decoder", False):
         return None
     config, dtype = model.config, model.dtype
 
@@ -44,3 +50,9 @@ def mask_builder(model: torch.nn.Module) -> MaskBuilder | None:
                                          allow_is_bidirectional_skip=False)
 
     return build
+
+
+def _plain_bidirectional(cls: type) -> bool:
+    port = PLAIN_BIDIRECTIONAL_PORTS.get(cls.__name__)
+    return cls in PLAIN_BIDIRECTIONAL or (port is not None
+                                          and cls.__module__ == f"transformers.models.{port}.modeling_{port}")

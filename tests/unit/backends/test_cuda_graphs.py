@@ -142,6 +142,7 @@ def test_a_failed_capture_leaves_every_pass_to_eager(tiny_model_dir, caplog):
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="embedserve.handler.backends.cuda_graphs"):
         graphs = runner_for(encoder, buckets, graph_type=FailingCapture)
     assert graphs.graphs == {} and graphs.buckets == []
+    assert graphs.graphs.why_none.startswith("the capture of bucket 4x32 failed (OutOfMemoryError")  # for /info
     assert FailingCapture.captured == [Bucket(8, 32), Bucket(8, 16)]  # largest first, none after 4x32 failed
     assert any("none for this worker: the capture of bucket 4x32 failed" in line and "OutOfMemoryError" in line
                for line in caplog.messages)
@@ -284,8 +285,9 @@ def test_a_forward_that_reads_the_device_gets_no_graphs(tiny_model_dir, caplog):
                                      vocab_size=torch_model(encoder).config.vocab_size, max_bytes=1 << 40,
                                      tolerance=1e-4, graph_type=CapturedOnCpuBuffers)
     assert runner.graphs == {}
-    assert any("none for this model: its forward pass reads the device from the host (is_nonzero)" in line
-               for line in caplog.messages)
+    why = "this model's forward pass reads the device from the host (is_nonzero), which a capture refuses"
+    assert runner.graphs.why_none == why  # /info's reason, as the log says it
+    assert any(f"none: {why}" in line for line in caplog.messages)
 
 
 def test_forward_synchronizes_names_what_read_the_device():
@@ -353,6 +355,7 @@ def test_graphs_that_replay_unlike_eager_are_all_dropped(tiny_model_dir, caplog,
     with torch.inference_mode(), caplog.at_level(logging.ERROR, logger="embedserve.handler.backends.cuda_graphs"):
         runner = runner_for(encoder, ladder([1, 2, 4], [8, 16], max_tokens=10**6), graph_type=graph_type)
     assert runner.graphs == {} and runner.buckets == []
+    assert runner.graphs.why_none.startswith("dropped: bucket ") and "unlike the eager pass" in runner.graphs.why_none
     assert any("every graph is dropped" in line and "unlike the eager pass" in line for line in caplog.messages)
 
 
