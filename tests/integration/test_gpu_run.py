@@ -11,7 +11,8 @@ import pytest
 
 from tests.support import REPO
 
-FAMILIES = ("bert_dense", "qwen3")  # one with packed passes, one that falls back to padded ones
+# One with packed passes, one that falls back to padded ones, one of three outputs (bge-m3's).
+FAMILIES = ("bert_dense", "qwen3", "m3")
 
 
 # A section forced to fail (BENCH_GPU_FAIL): the dry run of a failure on the GPU machine.
@@ -24,6 +25,7 @@ def run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     env = {**os.environ, "PY": sys.executable, "GPU_RUN_DEVICE": "cpu", "GPU_RUN_MODEL": "none",
            # Small, for two shared cores: two families (and one that cannot start), few texts.
            "GPU_RUN_FAMILIES": " ".join(FAMILIES) + " no_such_family", "GPU_RUN_FAMILY_TEXTS": "24",
+           "GPU_RUN_FAMILY_MODELS": "",  # each family made in its process, as on a clean clone
            "BENCH_GPU_ARGS": "--texts 16 --repeats 3 --saturation-texts 32", "BENCH_GPU_FAIL": FORCED}
     done = subprocess.run(["bash", "scripts/gpu_run.sh", str(out)], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=450)
@@ -78,6 +80,12 @@ def test_families_cpu_modes_match_the_reference(run):
         for mode in row["modes"].values():
             assert mode["started"] and mode["min_cosine"] >= 0.999 and mode["non_finite_rows"] == 0, mode
     assert families["bert_dense"]["modes"]["float32_packed"]["layout"] == "packed"
+    # bge-m3: each output against the reference's, and why its passes stay padded.
+    m3 = families["m3"]["modes"]["float32_packed"]
+    assert set(m3["outputs"]) == {"dense", "sparse", "colbert"}, m3
+    assert all(row["min_cosine"] >= 0.9999 and row["shape_mismatches"] == 0 for kind, row in m3["outputs"].items()
+               if kind != "dense"), m3
+    assert m3["layout"] == "padded" and "reads its own" in m3["selected_by"]["layout"]
     # A family process that dies is recorded with its log's tail, and the others' figures stand.
     assert not families["no_such_family"]["ok"] and "invalid choice" in families["no_such_family"]["died"]
 
@@ -97,3 +105,20 @@ def test_a_missing_prerequisite_is_named_and_nothing_else_runs(tmp_path):
     assert f"MISSING: {tmp_path / 'no-model'}" in done.stdout and "a prerequisite is missing" in done.stdout
     assert (tmp_path / "out" / "steps.tsv").read_text().split("\t")[:2] == ["prerequisites", "1"]
     assert not (tmp_path / "out" / "gpu.json").exists()
+
+
+def test_a_packed_model_is_unpacked_before_the_checks(tmp_path):
+    # make gpu-travel carries the model as MODEL.tar.xz: the prerequisites unpack it beside itself.
+    import tarfile
+
+    (tmp_path / "src" / "model").mkdir(parents=True)
+    (tmp_path / "src" / "model" / "config.json").write_text("{}")
+    with tarfile.open(tmp_path / "model.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "src" / "model", arcname="model")
+    # No CUDA here: the prerequisites stop the run after the unpacking, naming what is missing.
+    env = {**os.environ, "PY": sys.executable, "GPU_RUN_DEVICE": "cuda", "GPU_RUN_MODEL": str(tmp_path / "model")}
+    done = subprocess.run(["bash", "scripts/gpu_run.sh", str(tmp_path / "out")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"unpacked {tmp_path / 'model'}.tar.xz" in done.stdout and (tmp_path / "model" / "config.json").is_file()
+    assert "MISSING: a working GPU" in done.stdout and "a prerequisite is missing" in done.stdout
