@@ -13,46 +13,89 @@ instead of none, which changes no value. A CUDA graph capture already skips the 
 
 Those encoders: BERT, RoBERTa, XLM-R, MPNet, and the native ports of nomic-bert, GTE v1.5 /
 Arctic-m-v2 and EuroBERT (their forwards were read in transformers 5.24: the 2D mask goes to
-`create_bidirectional_mask` alone). Without it their forward read the device on every pass, which a
-CUDA graph capture refuses (the sync check at capture, on an H100), so they got no graphs. Other
-architectures (ModernBERT's and EmbeddingGemma's sliding-window masks, decoders' causal masks) keep
-building their own mask, with the read.
+`create_bidirectional_mask` alone). Qwen3 and ModernBERT take a dict of masks by layer type (as
+`generate` prepares them), which the encoder builds as their forwards do: Qwen3's causal masks
+(and sliding-window ones where its config has such layers), ModernBERT's global and sliding-window
+bidirectional masks. Without it each forward read the device on every pass, which a CUDA graph
+capture refuses (the sync check at capture, on an H100), so they got no graphs. EmbeddingGemma's
+masks read nothing back but copy a host tensor in (its bidirectional overlay): it keeps building
+its own, and runs eagerly on a GPU.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Union
 
 import torch
-from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
-from transformers.masking_utils import create_bidirectional_mask
+from transformers.masking_utils import (create_bidirectional_mask, create_bidirectional_sliding_window_mask,
+                                        create_causal_mask, create_sliding_window_causal_mask)
 
-# Exact classes: a subclass may build its mask otherwise. The native ports by name, transformers'
-# own: an older transformers (setup.cfg allows 5.0) may lack one.
-PLAIN_BIDIRECTIONAL = (BertModel, RobertaModel, XLMRobertaModel, MPNetModel)
-PLAIN_BIDIRECTIONAL_PORTS = {"NomicBertModel": "nomic_bert", "GteModel": "gte", "EuroBertModel": "eurobert"}
-
-# (batch, seq) mask of 1 and 0 -> the mask the model's attention takes, (batch, 1, seq, seq).
-MaskBuilder = Callable[[torch.Tensor], torch.Tensor]
+# (batch, seq) mask of 1 and 0 -> what the model's forward takes as its mask: a (batch, 1, seq,
+# seq) mask, or a dict of them by layer type.
+MaskBuilder = Callable[[torch.Tensor], Union[torch.Tensor, dict]]
 
 
-def mask_builder(model: torch.nn.Module) -> MaskBuilder | None:
-    """What builds `model`'s 4D mask without a host read, or None where the model must build it."""
-    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
-    if not _plain_bidirectional(type(model)) or getattr(model.config, "is_decoder", False):
-        return None
+def _bidirectional(model: torch.nn.Module) -> MaskBuilder:
     config, dtype = model.config, model.dtype
 
     def build(mask: torch.Tensor) -> torch.Tensor:
-        # Only the shape, dtype and device of the embeddings are read: an empty stand-in.
-        embeds = torch.empty((*mask.shape, 0), dtype=dtype, device=mask.device)
-        return create_bidirectional_mask(config=config, inputs_embeds=embeds, attention_mask=mask,
+        return create_bidirectional_mask(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask,
                                          allow_is_bidirectional_skip=False)
 
     return build
 
 
-def _plain_bidirectional(cls: type) -> bool:
-    port = PLAIN_BIDIRECTIONAL_PORTS.get(cls.__name__)
-    return cls in PLAIN_BIDIRECTIONAL or (port is not None
-                                          and cls.__module__ == f"transformers.models.{port}.modeling_{port}")
+def _qwen3(model: torch.nn.Module) -> MaskBuilder:
+    config, dtype, sliding = model.config, model.dtype, model.has_sliding_layers
+
+    def build(mask: torch.Tensor) -> dict:
+        embeds = _embeds(mask, dtype)
+        positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)  # as its forward makes them
+        common = dict(config=config, inputs_embeds=embeds, attention_mask=mask, cache=None, position_ids=positions,
+                      allow_is_causal_skip=False)
+        masks = {"full_attention": create_causal_mask(**common)}
+        if sliding:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**common)
+        return masks
+
+    return build
+
+
+def _modernbert(model: torch.nn.Module) -> MaskBuilder:
+    config, dtype = model.config, model.dtype
+
+    def build(mask: torch.Tensor) -> dict:
+        common = dict(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask,
+                      allow_is_bidirectional_skip=False)
+        return {"full_attention": create_bidirectional_mask(**common),
+                "sliding_attention": create_bidirectional_sliding_window_mask(**common)}
+
+    return build
+
+
+def _embeds(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Only the shape, dtype and device of the embeddings are read: an empty stand-in.
+    return torch.empty((*mask.shape, 0), dtype=dtype, device=mask.device)
+
+
+# Exact classes, transformers' own (a subclass, or a folder's code of the same name, may build its
+# mask otherwise), by name: an older transformers (setup.cfg allows 5.0) may lack one.
+BUILDERS: dict[str, tuple[str, Callable[[torch.nn.Module], MaskBuilder]]] = {
+    "BertModel": ("bert", _bidirectional), "RobertaModel": ("roberta", _bidirectional),
+    "XLMRobertaModel": ("xlm_roberta", _bidirectional), "MPNetModel": ("mpnet", _bidirectional),
+    "NomicBertModel": ("nomic_bert", _bidirectional), "GteModel": ("gte", _bidirectional),
+    "EuroBertModel": ("eurobert", _bidirectional),
+    "Qwen3Model": ("qwen3", _qwen3), "ModernBertModel": ("modernbert", _modernbert),
+}
+
+
+def mask_builder(model: torch.nn.Module) -> MaskBuilder | None:
+    """What builds `model`'s mask without a host read, or None where the model must build it."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    cls = type(model)
+    known = BUILDERS.get(cls.__name__)
+    if known is None or cls.__module__ != f"transformers.models.{known[0]}.modeling_{known[0]}":
+        return None
+    if known[1] is _bidirectional and getattr(model.config, "is_decoder", False):
+        return None
+    return known[1](model)

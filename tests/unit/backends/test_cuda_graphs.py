@@ -316,7 +316,7 @@ def native_ports(tmp_path_factory) -> dict[str, Path]:
     return {family: root / f"{family}-staged" for family in sources}
 
 
-@pytest.mark.parametrize("family", ["bert_dense", "xlmr", "mpnet", "nomic", "gte", "eurobert"])
+@pytest.mark.parametrize("family", ["bert_dense", "xlmr", "mpnet", "qwen3", "modernbert", "nomic", "gte", "eurobert"])
 def test_an_eager_padded_pass_reads_nothing_from_the_device(families, native_ports, family):
     # transformers asks `padding_mask.all()` of a 2D mask (a host synchronization per pass, which
     # a CUDA graph capture refuses: on an H100 nomic, GTE and EuroBERT got no graphs for it); the
