@@ -17,9 +17,10 @@ Arctic-m-v2 and EuroBERT (their forwards were read in transformers 5.24: the 2D 
 `generate` prepares them), which the encoder builds as their forwards do: Qwen3's causal masks
 (and sliding-window ones where its config has such layers), ModernBERT's global and sliding-window
 bidirectional masks. Without it each forward read the device on every pass, which a CUDA graph
-capture refuses (the sync check at capture, on an H100), so they got no graphs. EmbeddingGemma's
-masks read nothing back but copy a host tensor in (its bidirectional overlay): it keeps building
-its own, and runs eagerly on a GPU.
+capture refuses (the sync check at capture, on an H100), so they got no graphs. A bidirectional
+Gemma3 (EmbeddingGemma) reads nothing back, but its full-attention overlay copies a host tensor in
+on every pass (`torch.tensor(True)`), which a capture refuses too: its masks are built here with
+the same overlays, that constant made on the device.
 """
 
 from __future__ import annotations
@@ -73,6 +74,26 @@ def _modernbert(model: torch.nn.Module) -> MaskBuilder:
     return build
 
 
+def _gemma3(model: torch.nn.Module) -> MaskBuilder | None:
+    from transformers.models.gemma3 import modeling_gemma3
+
+    config, dtype = model.config, model.dtype
+    window_overlay = getattr(modeling_gemma3, "_bidirectional_window_overlay", None)
+    if not getattr(config, "use_bidirectional_attention", False) or window_overlay is None:
+        return None  # a causal Gemma3, or a transformers that builds its masks otherwise
+
+    def build(mask: torch.Tensor) -> dict:
+        positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+        common = dict(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask, cache=None,
+                      position_ids=positions)
+        everywhere = torch.ones((), dtype=torch.bool, device=mask.device)  # the forward's torch.tensor(True)
+        return {"full_attention": create_causal_mask(**common, or_mask_function=lambda *args: everywhere),
+                "sliding_attention": create_sliding_window_causal_mask(
+                    **common, or_mask_function=window_overlay(config.sliding_window))}
+
+    return build
+
+
 def _embeds(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # Only the shape, dtype and device of the embeddings are read: an empty stand-in.
     return torch.empty((*mask.shape, 0), dtype=dtype, device=mask.device)
@@ -80,12 +101,13 @@ def _embeds(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # Exact classes, transformers' own (a subclass, or a folder's code of the same name, may build its
 # mask otherwise), by name: an older transformers (setup.cfg allows 5.0) may lack one.
-BUILDERS: dict[str, tuple[str, Callable[[torch.nn.Module], MaskBuilder]]] = {
+BUILDERS: dict[str, tuple[str, Callable[[torch.nn.Module], MaskBuilder | None]]] = {
     "BertModel": ("bert", _bidirectional), "RobertaModel": ("roberta", _bidirectional),
     "XLMRobertaModel": ("xlm_roberta", _bidirectional), "MPNetModel": ("mpnet", _bidirectional),
     "NomicBertModel": ("nomic_bert", _bidirectional), "GteModel": ("gte", _bidirectional),
     "EuroBertModel": ("eurobert", _bidirectional),
     "Qwen3Model": ("qwen3", _qwen3), "ModernBertModel": ("modernbert", _modernbert),
+    "Gemma3TextModel": ("gemma3", _gemma3),
 }
 
 

@@ -303,20 +303,22 @@ def test_forward_synchronizes_names_what_read_the_device():
 
 @pytest.fixture(scope="module")
 def native_ports(tmp_path_factory) -> dict[str, Path]:
-    """Staged folders of the native ports whose forward hands its 2D mask to the mask builder
-    alone: nomic and GTE from their original layout, EuroBERT."""
+    """Staged folders of the native ports whose masks the encoder builds: nomic and GTE from
+    their original layout, EuroBERT, EmbeddingGemma (a bidirectional Gemma3)."""
     from embedserve.archive.stage import stage_model
-    from tests.support.native_models import make_eurobert, make_native_and_original
+    from tests.support.native_models import make_embeddinggemma, make_eurobert, make_native_and_original
 
     root = tmp_path_factory.mktemp("ports")
     sources = {family: make_native_and_original(family, root)[1] for family in ("nomic", "gte")}
     sources["eurobert"] = make_eurobert(root / "eurobert")
+    sources["embeddinggemma"] = make_embeddinggemma(root / "embeddinggemma")
     for family, source in sources.items():
         stage_model(source, root / f"{family}-staged")
     return {family: root / f"{family}-staged" for family in sources}
 
 
-@pytest.mark.parametrize("family", ["bert_dense", "xlmr", "mpnet", "qwen3", "modernbert", "nomic", "gte", "eurobert"])
+@pytest.mark.parametrize("family", ["bert_dense", "xlmr", "mpnet", "qwen3", "modernbert", "nomic", "gte", "eurobert",
+                                    "embeddinggemma"])
 def test_an_eager_padded_pass_reads_nothing_from_the_device(families, native_ports, family):
     # transformers asks `padding_mask.all()` of a 2D mask (a host synchronization per pass, which
     # a CUDA graph capture refuses: on an H100 nomic, GTE and EuroBERT got no graphs for it); the
