@@ -1,14 +1,15 @@
 """Multi-vector (ColBERT) models through the real TorchServe, built by build_mar as a user builds
 them (the build compares with MultiVectorEncoder; the default CPU engine runs the encoder in ONNX
 Runtime), against sentence-transformers' MultiVectorEncoder: token vectors of queries and
-documents on the native route and TEI's /embed_all, MaxSim on /rerank, concurrent clients, and bad
-inputs beside good ones."""
+documents on the native route, OpenAI's through the real `openai` client and TEI's /embed_all,
+MaxSim on /rerank, concurrent clients, and bad inputs beside good ones."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import openai
 import pytest
 import requests
 
@@ -54,6 +55,20 @@ def test_token_vectors_of_queries_and_documents(server, model):
     assert_same_tokens(post(server, "embed_all", {"inputs": texts}), reference_tokens(model, texts, kind=None))
 
 
+def test_the_openai_client_gets_token_vectors(server, model):
+    client = openai.OpenAI(base_url=f"{server.url('inference')}/predictions/colbert/1.0/v1",
+                           api_key=server.keys()["inference"], max_retries=0)
+    texts = corpus(6, seed=24)
+    want = reference_tokens(model, texts, kind="document")
+    floats = client.embeddings.create(model="colbert", input=texts, encoding_format="float",
+                                      extra_body={"input_type": "document"})
+    assert_same_tokens([d.embedding for d in floats.data], want)
+    # Unasked, the client asks for base64 and decodes each answer into one flat list: reshaped, the same.
+    flat = client.embeddings.create(model="colbert", input=texts, extra_body={"input_type": "document"})
+    dimension = want[0].shape[1]
+    assert_same_tokens([np.reshape(d.embedding, (-1, dimension)) for d in flat.data], want)
+
+
 def test_rerank_is_maxsim_and_clients_run_concurrently(server, model):
     documents = corpus(12, seed=22)
     queries = corpus(8, seed=23)
@@ -68,7 +83,7 @@ def test_rerank_is_maxsim_and_clients_run_concurrently(server, model):
 def test_bad_requests_are_their_own_4xx_beside_good_ones(server):
     bad = [("", {"input": "a", "input_type": "passage"}, 400), ("rerank", {"query": "a", "texts": []}, 400),
            ("", {"input": "word " * 300, "input_type": "document", "truncate": False}, 413),
-           ("v1/embeddings", {"input": "a"}, 404)]
+           ("v1/embeddings", {"input": "a", "encoding_format": "hex"}, 400), ("embed", {"inputs": "a"}, 404)]
     good = [("", {"input": ["a good text"], "input_type": "document"}, 200)] * 4
     with ThreadPoolExecutor(len(bad) + len(good)) as pool:
         statuses = list(pool.map(lambda case: requests.post(

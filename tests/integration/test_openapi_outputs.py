@@ -18,8 +18,8 @@ from tests.support.sparse_models import make_splade
 pytestmark = pytest.mark.integration
 
 MAKERS = {"splade": make_splade, "m3": make_m3, "colbert": make_colbert}
-OPERATIONS = {"splade": ("", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
-              "colbert": ("", "embed_all", "rerank")}
+OPERATIONS = {"splade": ("", "v1/embeddings", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
+              "colbert": ("", "v1/embeddings", "embed_all", "rerank")}
 
 
 @pytest.fixture(scope="module")

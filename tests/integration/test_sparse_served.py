@@ -1,13 +1,15 @@
 """Sparse (SPLADE) models through the real TorchServe, built by build_mar as a user builds them (the
 build itself compares with SparseEncoder.encode), against sentence-transformers' SparseEncoder:
 BERT with max pooling and XLM-R with sum pooling and log1p_relu, an inference-free model (queries
-looked up), TEI's /embed_sparse and the native route, concurrent clients batched together, bad inputs one at a time and beside good ones,
+looked up), TEI's /embed_sparse, the native route and OpenAI's through the real `openai` client,
+concurrent clients batched together, bad inputs one at a time and beside good ones,
 the dense routes refused, the OpenAPI document valid, and the worker alive throughout."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 import requests
 from openapi_spec_validator import validate
@@ -56,6 +58,23 @@ def test_served_sparse_vectors_are_sparse_encoder_s(server, models, name):
     assert native["usage"]["total_tokens"] > len(texts)
 
 
+def test_the_openai_client_gets_sparse_vectors(server, models):
+    # The client asks for base64 unless told: a sparse vector is an object either way, which it passes on.
+    client = openai.OpenAI(base_url=f"{server.url('inference')}/predictions/splade/1.0/v1",
+                           api_key=server.keys()["inference"], max_retries=0)
+    texts = corpus(8, seed=14)
+    want = reference_sparse(models["splade"], texts)
+    for encoding in ({}, {"encoding_format": "float"}):
+        result = client.embeddings.create(model="splade", input=texts, **encoding)
+        assert [d.object for d in result.data] == ["sparse_embedding"] * len(texts)
+        assert_same_sparse([dict(zip(d.embedding["indices"], d.embedding["values"])) for d in result.data], want)
+    top = client.embeddings.create(model="splade", input=texts[0], extra_body={"max_active_dims": 2}).data[0]
+    assert len(top.embedding["indices"]) == 2
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model="splade", input="a", extra_body={"encoding_format": "hex"})
+    assert refused.value.body["param"] == "encoding_format"
+
+
 def test_an_inference_free_model_s_queries_and_documents(server, models):
     texts = corpus(32, seed=13)
     for kind in ("query", "document"):
@@ -85,7 +104,7 @@ def test_options_and_formats(server):
 def test_bad_requests_are_their_own_4xx_beside_good_ones(server):
     bad = [("", {"input": "a", "threshold": -1}, 400), ("", {"input": [[1, 2]]}, 400),
            ("embed_sparse", {"inputs": []}, 400), ("", {"input": "a " * 300, "truncate": False}, 413),
-           ("v1/embeddings", {"input": "a"}, 404)]
+           ("v1/embeddings", {"input": "a", "model": 3}, 400), ("embed", {"inputs": "a"}, 404)]
     good = [("embed_sparse", {"inputs": ["a good text"]}, 200)] * 5
     with ThreadPoolExecutor(len(bad) + len(good)) as pool:
         statuses = list(pool.map(lambda case: requests.post(
@@ -98,9 +117,9 @@ def test_bad_requests_are_their_own_4xx_beside_good_ones(server):
 def test_info_and_openapi_list_the_sparse_routes(server):
     info = requests.get(f"{server.url('inference')}/predictions/splade/1.0/info", headers=server.auth(),
                         timeout=60).json()
-    assert info["task"] == "sparse" and info["routes"] == ["", "embed_sparse"]
+    assert info["task"] == "sparse" and info["routes"] == ["", "v1/embeddings", "embed_sparse"]
     assert info["engine"] == "torch" and info["model_dtype"] == "float32"
     document = requests.get(f"{server.url('inference')}/predictions/splade/1.0/openapi.json",
                             headers=server.auth(), timeout=60).json()
     validate(document)
-    assert "/predictions/splade/1.0/embed_sparse" in document["paths"]
+    assert {"/predictions/splade/1.0/embed_sparse", "/predictions/splade/1.0/v1/embeddings"} <= set(document["paths"])

@@ -4,6 +4,9 @@
                "truncation_direction", "output_dtype", "encoding_format"} or a text/plain body ->
                OpenAI's list shape, each "embedding" the input's token vectors: [[float, ...], ...]
                (tokens x dimension), or base64 of them row by row
+  "v1/embeddings" OpenAI's: the native route's JSON body and answer, for OpenAI clients; base64
+               (what the official client asks for unasked) is the token vectors row by row, which
+               that client decodes into one flat list: reshape it to (-1, dimension)
   "embed_all"  TEI's: {"inputs", "truncate", "truncation_direction"} and "input_type" ->
                [[[float, ...], ...], ...], each text's token vectors
   "rerank"     TEI's: {"query", "texts", "return_text", "truncate", "truncation_direction"} ->
@@ -26,6 +29,7 @@ from embedserve.handler.routes.openai import encode_vector, openai_list
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
 from embedserve.handler.routes.tei import best_first
+from embedserve.handler.tasks.embed import IGNORED_FIELDS
 from embedserve.handler.tasks.multi_vector import (INPUT_TYPES, MaxSimScores, MultiVectorRequest, TokenEmbeddings,
                                                    parse_multi_vector_options)
 from embedserve.handler.tasks.score import parse_query, parse_texts
@@ -94,7 +98,8 @@ def schemas(model: ServedModel) -> dict[str, Any]:
     return {
         "MultiVectorRequest": {"type": "object", "required": ["input"],
                                "properties": {"input": {"anyOf": [ref("Text"), {**many(model), "items": ref("Text")}]},
-                                              **_options(model)}},
+                                              **_options(model),
+                                              **{key: {"type": ["string", "null"]} for key in IGNORED_FIELDS}}},
         "MultiVectorList": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
             "object": {"const": "list"}, "model": {"const": model.name}, "usage": {"type": "object"},
             "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"],
@@ -124,6 +129,16 @@ def _native(model: ServedModel) -> dict[str, Any]:
         error_responses(EMBED_ERRORS, Route.NATIVE, model.server, model=model, parse=partial(parse, Route.NATIVE)))}
 
 
+def _openai(model: ServedModel) -> dict[str, Any]:
+    return {"post": operation(
+        "createTokenEmbeddings", "Token vectors (ColBERT) in OpenAI's list: per input, a vector per token",
+        {"application/json": {"schema": ref("MultiVectorRequest"),
+                              "example": {"input": ["what is a cat"], "input_type": "query", "model": model.name,
+                                          "encoding_format": "float"}}},
+        {"schema": ref("MultiVectorList")},
+        error_responses(EMBED_ERRORS, Route.OPENAI, model.server, model=model, parse=partial(parse, Route.OPENAI)))}
+
+
 def _embed_all(model: ServedModel) -> dict[str, Any]:
     return {"post": operation(
         "embed_all", "TEI's /embed_all: each text's token vectors",
@@ -144,6 +159,7 @@ def _rerank(model: ServedModel) -> dict[str, Any]:
 
 ROUTES = (
     RouteSpec(Route.NATIVE, MULTI_VECTOR, partial(parse, Route.NATIVE), encode_list, _native),
+    RouteSpec(Route.OPENAI, MULTI_VECTOR, partial(parse, Route.OPENAI), encode_list, _openai),
     RouteSpec(Route.TEI_EMBED_ALL, MULTI_VECTOR, partial(parse, Route.TEI_EMBED_ALL), encode_all, _embed_all),
     RouteSpec(Route.TEI_RERANK, MULTI_VECTOR, parse_rerank, encode_rerank, _rerank),
 )

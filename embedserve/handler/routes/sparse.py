@@ -5,6 +5,9 @@
                   "usage"}; "embedding" is {"indices": [...], "values": [...]} (Qdrant's and Milvus's
                   sparse vector), or {"<token>": weight} with "sparse_format": "tokens" (Elasticsearch's
                   sparse_vector)
+  "v1/embeddings" OpenAI's: the native route's JSON body and answer, for OpenAI clients (the official
+                  one sends "encoding_format": "base64" unasked: checked, and moot, a sparse vector
+                  being an object whatever the encoding; the client leaves an object as it is)
   "embed_sparse"  {"inputs", "truncate", "truncation_direction", "prompt_name"} (and threshold,
                   max_active_dims, input_type) -> [[{"index", "value"}, ...], ...], as TEI answers it
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from embedserve.handler.api.codec import dumps
+from embedserve.handler.api.codec import dumps, option_value
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
@@ -24,7 +27,7 @@ from embedserve.handler.routes.base import RouteSpec, texts_body
 from embedserve.handler.routes.openai import openai_list
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
-from embedserve.handler.tasks.embed import IGNORED_FIELDS
+from embedserve.handler.tasks.embed import ENCODING_FORMATS, IGNORED_FIELDS
 from embedserve.handler.tasks.sparse import INPUT_TYPES, SPARSE_FORMATS, SparseRequest, SparseVectors, parse_sparse_options
 
 SPARSE = frozenset({Task.SPARSE})
@@ -36,6 +39,8 @@ def parse(route: Route, body: Any, content_type: str | None, method: str | None)
     try:
         payload, texts, name = texts_body(route, body, content_type, method)
         options = parse_sparse_options(payload)
+        if route is Route.OPENAI:
+            option_value(payload, "encoding_format", str, ENCODING_FORMATS)
         if route.tei and options.sparse_format != "indices":
             raise malformed("'sparse_format' does not apply to /embed_sparse, which answers TEI's shape",
                             param="sparse_format")
@@ -132,6 +137,17 @@ def _native_operations(model: ServedModel) -> dict[str, Any]:
                         parse=partial(parse, Route.NATIVE)))}
 
 
+def _openai_operations(model: ServedModel) -> dict[str, Any]:
+    request = {"allOf": [ref("SparseEmbeddingRequest"), {"properties": {
+        "encoding_format": {"enum": [*ENCODING_FORMATS, None],
+                            "description": "accepted for OpenAI clients; a sparse vector is an object either way"}}}]}
+    return {"post": operation(
+        "createSparseEmbedding", "Sparse embeddings in OpenAI's list: token ids and weights per input",
+        {"application/json": {"schema": request, "example": {"input": ["The quick brown fox"], "model": model.name}}},
+        {"schema": ref("SparseEmbeddingList")},
+        error_responses(EMBED_ERRORS, Route.OPENAI, model.server, model=model, parse=partial(parse, Route.OPENAI)))}
+
+
 def _tei_operations(model: ServedModel) -> dict[str, Any]:
     return {"post": operation(
         "embed_sparse", "TEI's /embed_sparse: per input, its non-zero entries",
@@ -143,5 +159,6 @@ def _tei_operations(model: ServedModel) -> dict[str, Any]:
 
 ROUTES = (
     RouteSpec(Route.NATIVE, SPARSE, partial(parse, Route.NATIVE), encode_list, _native_operations),
+    RouteSpec(Route.OPENAI, SPARSE, partial(parse, Route.OPENAI), encode_list, _openai_operations),
     RouteSpec(Route.TEI_EMBED_SPARSE, SPARSE, partial(parse, Route.TEI_EMBED_SPARSE), encode_tei, _tei_operations),
 )

@@ -115,15 +115,19 @@ def test_bad_requests_name_the_field(services, route, body, status, param):
         assert answer["error"]["param"] == param, answer
 
 
-def test_other_routes_answer_404_naming_the_model_s(services):
-    status, answer = call(services["fixed"], "v1/embeddings", {"input": "a"})
-    assert status == 404 and "'embed_all'" in answer["error"]["message"]
+def test_openai_s_route_answers_the_native_list_and_other_routes_404(services):
+    svc = services["fixed"]
+    body = {"input": ["a cat"], "input_type": "query", "encoding_format": "float"}
+    status, answer = call(svc, "v1/embeddings", {**body, "model": "colbert"})
+    assert status == 200 and answer["data"] == call(svc, "", body)[1]["data"]
+    status, answer = call(svc, "embed", {"inputs": "a"})
+    assert status == 404 and "'embed_all'" in answer["error"] and "'v1/embeddings'" in answer["error"]
 
 
 def test_info_and_openapi(services):
     svc = services["fixed"]
     info = svc.info()
-    assert info["task"] == "multi_vector" and info["routes"] == ["", "embed_all", "rerank"]
+    assert info["task"] == "multi_vector" and info["routes"] == ["", "v1/embeddings", "embed_all", "rerank"]
     from openapi_spec_validator import validate
 
     document = svc.openapi()

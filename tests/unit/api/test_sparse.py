@@ -125,11 +125,15 @@ def test_bad_requests_name_the_field(services, route, body, status, param):
         assert answer["error"]["param"] == param, answer
 
 
-def test_dense_routes_answer_404_naming_the_sparse_ones(services):
-    status, answer = call(services["bert-max-relu"], "v1/embeddings", {"input": "a"})
-    assert status == 404 and "'embed_sparse'" in answer["error"]["message"]
-    status, answer = call(services["bert-max-relu"], "embed", {"inputs": "a"})
-    assert status == 404 and "sparse model" in answer["error"]
+def test_openai_s_route_answers_the_native_list_and_dense_routes_404(services):
+    svc = services["bert-max-relu"]
+    body = {"input": ["a cat", "a dog"], "model": "sp", "encoding_format": "base64"}  # the openai client's
+    status, answer = call(svc, "v1/embeddings", body)
+    assert status == 200 and answer["data"] == call(svc, "", {"input": ["a cat", "a dog"]})[1]["data"]
+    status, answer = call(svc, "v1/embeddings", {**body, "encoding_format": "hex"})
+    assert status == 400 and answer["error"]["param"] == "encoding_format"
+    status, answer = call(svc, "embed", {"inputs": "a"})
+    assert status == 404 and "sparse model" in answer["error"] and "'v1/embeddings'" in answer["error"]
 
 
 def test_a_bad_request_fails_alone_in_its_batch(services):
@@ -154,12 +158,13 @@ def test_an_answer_over_the_bound_is_413_naming_the_remedy(models):
 def test_info_and_openapi_say_what_the_model_serves(services):
     svc = services["bert-max-relu"]
     info = svc.info()
-    assert info["task"] == "sparse" and info["routes"] == ["", "embed_sparse"]
+    assert info["task"] == "sparse" and info["routes"] == ["", "v1/embeddings", "embed_sparse"]
     assert info["pooling"] == "SpladePooling(max, relu)" and info["model_type"] == "embedding"
     assert info["cache"] == {"memory_entries": 0, "redis": False}
     paths = svc.openapi()["paths"]
     assert any(path.endswith("/1.0/embed_sparse") for path in paths)
-    assert not any(path.endswith(("/v1/embeddings", "/embed")) for path in paths)
+    assert any(path.endswith("/1.0/v1/embeddings") for path in paths)
+    assert not any(path.endswith("/embed") for path in paths)
     assert "SparseEmbeddingList" in svc.openapi()["components"]["schemas"]
 
 
