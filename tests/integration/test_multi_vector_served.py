@@ -2,7 +2,8 @@
 them (the build compares with MultiVectorEncoder; the default CPU engine runs the encoder in ONNX
 Runtime), against sentence-transformers' MultiVectorEncoder: token vectors of queries and
 documents on the native route, OpenAI's through the real `openai` client and TEI's /embed_all,
-MaxSim on /rerank, concurrent clients, and bad inputs beside good ones."""
+MaxSim on /rerank and on Cohere's v2/rerank through the official `cohere` client, concurrent
+clients, and bad inputs beside good ones."""
 
 from __future__ import annotations
 
@@ -80,10 +81,23 @@ def test_rerank_is_maxsim_and_clients_run_concurrently(server, model):
         assert [item["index"] for item in ranked] == sorted(range(len(documents)), key=lambda i: (-want[i], i))
 
 
+def test_the_official_cohere_client_gets_maxsim(server, model):
+    cohere = pytest.importorskip("cohere")
+    client = cohere.ClientV2(api_key=server.auth()["Authorization"].split()[-1],
+                             base_url=f"{server.url('inference')}/predictions/colbert/1.0")
+    documents = corpus(10, seed=25)
+    query = corpus(1, seed=26)[0]
+    answer = client.rerank(model="colbert", query=query, documents=documents, top_n=3)
+    want = reference_maxsim(model, query, documents)
+    assert [item.index for item in answer.results] == sorted(range(len(documents)), key=lambda i: (-want[i], i))[:3]
+    assert max(abs(item.relevance_score - want[item.index]) for item in answer.results) <= 1e-4
+
+
 def test_bad_requests_are_their_own_4xx_beside_good_ones(server):
     bad = [("", {"input": "a", "input_type": "passage"}, 400), ("rerank", {"query": "a", "texts": []}, 400),
            ("", {"input": "word " * 300, "input_type": "document", "truncate": False}, 413),
-           ("v1/embeddings", {"input": "a", "encoding_format": "hex"}, 400), ("embed", {"inputs": "a"}, 404)]
+           ("v1/embeddings", {"input": "a", "encoding_format": "hex"}, 400), ("embed", {"inputs": "a"}, 404),
+           ("v2/rerank", {"query": "a", "documents": ["b"], "instruction": "rank"}, 400)]
     good = [("", {"input": ["a good text"], "input_type": "document"}, 200)] * 4
     with ThreadPoolExecutor(len(bad) + len(good)) as pool:
         statuses = list(pool.map(lambda case: requests.post(

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 MAKERS = {"splade": make_splade, "m3": make_m3, "colbert": make_colbert}
 OPERATIONS = {"splade": ("", "v1/embeddings", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
-              "colbert": ("", "v1/embeddings", "embed_all", "rerank")}
+              "colbert": ("", "v1/embeddings", "embed_all", "rerank", "v1/rerank", "v2/rerank")}
 
 
 @pytest.fixture(scope="module")

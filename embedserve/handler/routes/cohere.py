@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from embedserve.handler.api.codec import dumps, json_object, option_value, required
 from embedserve.handler.api.route import Route
@@ -38,28 +38,34 @@ def parse_rerank(route: Route, body: Any, content_type: str | None, method: str 
 
 
 def encode_rerank(request: ScoringRequest, result: Scores, model_name: str) -> bytes:
-    relevance = result.values[:, 0]
-    documents = request.documents
+    return cohere_answer(request.route, result.values[:, 0], request.documents, request.return_text, request.top_n,
+                         model_name, result.tokens)
+
+
+def cohere_answer(route: Route, relevance: Any, documents: Sequence[str], return_text: bool, top_n: int | None,
+                  model_name: str, tokens: int) -> bytes:
+    """Cohere's answer: the documents' scores (`relevance`, by document index), best first."""
     return dumps({
         "id": str(uuid.uuid4()),
         "model": model_name,
         "results": [{"index": i, "relevance_score": float(relevance[i]),
-                     **({"document": {"text": documents[i]}} if request.return_text else {})}
-                    for i in best_first(relevance, request.top_n)],
-        "meta": {"api_version": {"version": "2" if request.route is Route.RERANK_V2 else "1"},
+                     **({"document": {"text": documents[i]}} if return_text else {})}
+                    for i in best_first(relevance, top_n)],
+        "meta": {"api_version": {"version": "2" if route is Route.RERANK_V2 else "1"},
                  "billed_units": {"search_units": 1}},
-        "usage": {"total_tokens": result.tokens},
+        "usage": {"total_tokens": tokens},
     })
 
 
-def _operations(route: Route, model: ServedModel) -> dict[str, Any]:
+def cohere_operations(route: Route, model: ServedModel, parse=None) -> dict[str, Any]:
+    """The rerank operation of `route`; `parse` the route's parser where it is not ROUTES_BY's."""
     example = {"query": "what is a cat", "documents": ["a small animal", "a car"], "top_n": 1}
     return {"post": operation(
         "rerankV2" if route is Route.RERANK_V2 else "rerankV1",
         "Relevance of each document to the query, Cohere's and Jina's rerank, best first",
         {"application/json": {"schema": ref("CohereRerankRequest"), "examples": examples({"documents": example})}},
         {"schema": ref("CohereRerankAnswer")},
-        error_responses(EMBED_ERRORS, route, model.server, model=model, parse=ROUTES_BY[route].parse))}
+        error_responses(EMBED_ERRORS, route, model.server, model=model, parse=parse or ROUTES_BY[route].parse))}
 
 
 def schemas(model: ServedModel) -> dict[str, Any]:
@@ -88,6 +94,6 @@ def schemas(model: ServedModel) -> dict[str, Any]:
 
 
 ROUTES = tuple(RouteSpec(route, frozenset({Task.RERANK}), parsing(route, partial(parse_rerank, route)), encode_rerank,
-                         partial(_operations, route))
+                         partial(cohere_operations, route))
                for route in (Route.RERANK_V1, Route.RERANK_V2))
 ROUTES_BY = {spec.route: spec for spec in ROUTES}

@@ -11,6 +11,8 @@
                [[[float, ...], ...], ...], each text's token vectors
   "rerank"     TEI's: {"query", "texts", "return_text", "truncate", "truncation_direction"} ->
                [{"index", "score", "text"?}], MaxSim scores, best first
+  "v1/rerank", "v2/rerank"  Cohere's and Jina's (routes/cohere.py's body and answer), MaxSim scores as
+               relevance_score; "instruction" refused (a cross-encoder's or causal reranker's option)
 
 The options are the multi-vector task's (tasks/multi_vector.py).
 """
@@ -24,7 +26,8 @@ from embedserve.handler.api.codec import dumps, json_object, option_value, requi
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.routes.base import RouteSpec, texts_body
+from embedserve.handler.routes.base import RouteSpec, parsing, texts_body
+from embedserve.handler.routes.cohere import cohere_answer, cohere_operations
 from embedserve.handler.routes.openai import encode_vector, openai_list
 from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
                                               option_schema, ref)
@@ -62,6 +65,27 @@ def parse_rerank(body: Any, content_type: str | None, method: str | None) -> Mul
     except RequestError as err:
         err.tei = True
         raise
+
+
+def parse_cohere_rerank(route: Route, body: Any, content_type: str | None, method: str | None
+                        ) -> MultiVectorRequest:
+    payload = json_object(body, content_type, method)
+    for key in IGNORED_FIELDS:
+        option_value(payload, key, str)
+    if payload.get("instruction") is not None:
+        raise malformed("'instruction' applies to causal language model rerankers; a multi-vector model scores by "
+                        "MaxSim over its query and document prompts", param="instruction")
+    options = parse_multi_vector_options({key: payload.get(key) for key in ("truncate", "truncation_direction")})
+    option_value(payload, "raw_scores", bool)  # MaxSim has no activation: its scores are raw
+    documents = parse_texts(required(payload, "documents"), "documents", objects=True)
+    return MultiVectorRequest(route, (parse_query(payload), *documents), options, field="documents", scoring=True,
+                              return_text=bool(option_value(payload, "return_documents", bool)),
+                              top_n=option_value(payload, "top_n", int))
+
+
+def encode_cohere_rerank(request: MultiVectorRequest, result: MaxSimScores, model_name: str) -> bytes:
+    return cohere_answer(request.route, result.scores, request.inputs[1:], request.return_text, request.top_n,
+                         model_name, result.tokens)
 
 
 def encode_list(request: MultiVectorRequest, result: TokenEmbeddings, model_name: str) -> bytes:
@@ -157,9 +181,13 @@ def _rerank(model: ServedModel) -> dict[str, Any]:
         error_responses(EMBED_ERRORS, Route.TEI_RERANK, model.server))}
 
 
+_COHERE_PARSE = {route: parsing(route, partial(parse_cohere_rerank, route)) for route in (Route.RERANK_V1,
+                                                                                          Route.RERANK_V2)}
 ROUTES = (
     RouteSpec(Route.NATIVE, MULTI_VECTOR, partial(parse, Route.NATIVE), encode_list, _native),
     RouteSpec(Route.OPENAI, MULTI_VECTOR, partial(parse, Route.OPENAI), encode_list, _openai),
     RouteSpec(Route.TEI_EMBED_ALL, MULTI_VECTOR, partial(parse, Route.TEI_EMBED_ALL), encode_all, _embed_all),
     RouteSpec(Route.TEI_RERANK, MULTI_VECTOR, parse_rerank, encode_rerank, _rerank),
+    *(RouteSpec(route, MULTI_VECTOR, parse, encode_cohere_rerank, partial(cohere_operations, route, parse=parse))
+      for route, parse in _COHERE_PARSE.items()),
 )

@@ -65,6 +65,7 @@ class MultiVectorRequest:
     field: str = "input"
     scoring: bool = False  # input 0 is a query, the others documents: answer their MaxSim scores
     return_text: bool = False  # a scoring answer echoes the documents
+    top_n: int | None = None  # a scoring answer's best N (Cohere's rerank); None: every document
 
     def param(self, index: int) -> str:
         if self.scoring:

@@ -81,6 +81,21 @@ def test_rerank_scores_are_maxsim(models, services, name):
     assert all(item["text"] == DOCUMENTS[item["index"]] for item in ranked)
 
 
+@pytest.mark.parametrize("route", ["v1/rerank", "v2/rerank"])
+def test_cohere_s_rerank_is_maxsim_too(models, services, route):
+    query = QUERIES[1]
+    documents = [DOCUMENTS[0], {"text": DOCUMENTS[1]}, *DOCUMENTS[2:]]  # Cohere's two document forms
+    status, answer = call(services["fixed"], route, {"model": "cb", "query": query, "documents": documents,
+                                                     "top_n": 2, "return_documents": True, "raw_scores": True})
+    assert status == 200, answer
+    want = reference_maxsim(models["fixed"], query, DOCUMENTS)
+    best = sorted(range(len(DOCUMENTS)), key=lambda i: (-want[i], i))[:2]
+    assert [item["index"] for item in answer["results"]] == best
+    assert max(abs(item["relevance_score"] - want[item["index"]]) for item in answer["results"]) <= 1e-4
+    assert [item["document"]["text"] for item in answer["results"]] == [DOCUMENTS[i] for i in best]
+    assert answer["meta"]["api_version"]["version"] == route[1] and answer["usage"]["total_tokens"] > 0
+
+
 def test_embed_all_base64_and_dtypes(services):
     svc = services["fixed"]
     _, [floats] = call(svc, "embed_all", {"inputs": ["hello world"], "input_type": "document"})
@@ -105,11 +120,15 @@ def test_embed_all_base64_and_dtypes(services):
     ("rerank", {"query": "a"}, 400, None),
     ("rerank", {"query": "a", "texts": []}, 400, None),
     ("embed_all", {"inputs": 5}, 400, None),
+    ("v2/rerank", {"query": "a", "documents": ["b"], "instruction": "rank"}, 400, "instruction"),
+    ("v2/rerank", {"query": "a", "documents": ["b"], "top_n": 0}, 400, "top_n"),
+    ("v1/rerank", {"query": "a", "documents": [{"txt": "b"}]}, 400, "documents[0].text"),
+    ("v1/rerank", {"query": "a", "documents": ["b"], "model": 3}, 400, "model"),
 ])
 def test_bad_requests_name_the_field(services, route, body, status, param):
     got, answer = call(services["fixed"], route, body)
     assert got == status, answer
-    if route:
+    if route in ("rerank", "embed_all"):  # TEI's error shape
         assert answer["error_type"] and answer["error"]
     else:
         assert answer["error"]["param"] == param, answer
@@ -127,7 +146,8 @@ def test_openai_s_route_answers_the_native_list_and_other_routes_404(services):
 def test_info_and_openapi(services):
     svc = services["fixed"]
     info = svc.info()
-    assert info["task"] == "multi_vector" and info["routes"] == ["", "v1/embeddings", "embed_all", "rerank"]
+    assert info["task"] == "multi_vector" and info["routes"] == ["", "v1/embeddings", "embed_all", "rerank", "v1/rerank",
+                                                                 "v2/rerank"]
     from openapi_spec_validator import validate
 
     document = svc.openapi()
