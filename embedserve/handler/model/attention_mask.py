@@ -8,8 +8,9 @@ mask uses it as it is. So for the encoders whose forward hands the 2D mask to
 `create_bidirectional_mask` and to nothing else, the encoder builds that 4D mask itself, with the
 same function and the skip turned off: the same mask the model would build (a boolean one for
 SDPA, an additive one for eager attention), and a padding-free pass gets an all-true mask
-instead of none, which changes no value. A CUDA graph capture already skips the read
-(transformers sees the capture), so replayed passes were never affected.
+instead of none, which changes no value. Inside a CUDA graph capture transformers skips the
+read itself (it sees the capture), but the capture's sync check runs the forward eagerly first
+(backends/cuda_graphs.py's `forward_synchronizes`) and refuses a forward that reads.
 
 Those encoders: BERT, RoBERTa, XLM-R, MPNet, and the native ports of nomic-bert, GTE v1.5 /
 Arctic-m-v2 and EuroBERT (their forwards were read in transformers 5.24: the 2D mask goes to
