@@ -94,7 +94,7 @@ def _schema(served, document):
         "base-url": served.url("inference"),
         "headers": served.auth(),
         "generation": {"mode": "all", "max-examples": EXAMPLES},
-        # The largest request the limits admit may take half the worker's response timeout
+        # The largest request the limits admit may take a quarter of the worker's response timeout
         # (docs/requests.md): schemathesis' default of 10 s would call it an error.
         "request-timeout": RESPONSE_TIMEOUT_S,
         "checks": {

@@ -76,7 +76,7 @@ def test_base64_codes_on_the_openai_route_are_bounded_as_float32(tiny_model_dir)
 
 def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny_engine):
     engine = make_engine(tiny_model_dir)
-    engine = with_work_bound(engine, 80.0, response_timeout_s=1.0)  # 40 tokens of work per batch
+    engine = with_work_bound(engine, 160.0, response_timeout_s=1.0)  # 40 tokens of work per batch (WORK_SHARE 0.25)
     assert engine.batch_work_tokens == 40 and engine.info()["max_tokens_per_request"] == 40
     long = [" ".join(["embedding"] * 20)] * 3  # 3 x 22 tokens
     bodies = [{"input": SHORT[:2]}, {"input": long}, {"input": SHORT[2:]}, {"input": SHORT[:3]},
@@ -85,7 +85,7 @@ def test_a_batch_holds_the_work_the_response_timeout_allows(tiny_model_dir, tiny
     # 12 tokens fit; the long request is over the budget alone (413); 13 more fit, then 17 do not
     # (503, and 429 on the TEI route).
     assert [r.status for r in responses] == [200, 413, 200, 503, 429]
-    assert "80 tokens/s" in answers_[1]["error"]["message"] and "1 s response timeout" in answers_[1]["error"]["message"]
+    assert "160 tokens/s" in answers_[1]["error"]["message"] and "1 s response timeout" in answers_[1]["error"]["message"]
     assert answers_[3]["error"]["code"] == "overloaded" and responses[3].headers["retry-after"] == "1"
     assert answers_[4]["error_type"] == "Overloaded" and responses[4].headers["retry-after"] == "1"
     _, expected, _ = answers(tiny_engine, [bodies[0]])
