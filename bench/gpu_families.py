@@ -38,9 +38,10 @@ import numpy as np
 import torch
 
 from bench.gpu.correctness import compare
-from embedserve.archive.stage import stage_model
 from bench.gpu.engines import graphs_of, release
 from bench.gpu.report import GRAPHS_MAX_REL_ERROR
+from bench.gpu.speed import one_input_latency
+from embedserve.archive.stage import stage_model
 from embedserve.handler.assembly import assemble
 from embedserve.handler.execution.encoder import HybridVectors, SparseRows
 from embedserve.handler.model.inputs import plain_inputs
@@ -68,6 +69,7 @@ CPU_MODES = {
 EAGER_TWIN = {"float16_graphs": "float16_eager"}
 TORCHSERVE_BATCH = 32
 MIN_COSINE = 0.999
+ONE_TEXT_CALLS = 50
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,21 +254,9 @@ def mode(model_dir: Path, device: str, settings: dict, ids: list[list[int]],
         row["outputs"] = {kind: {key: figures[key] for key in ("min_cosine", "max_rel_error", "nan_rows",
                                                                  "shape_mismatches") if key in figures}
                           for kind, figures in measured["outputs"].items()}
-    row["one_text_ms"] = _one_text_ms(engine, ids[0][:16])
+    # What graphs save a lone request: one short text's median wall time.
+    row["one_text_ms"] = one_input_latency(engine, [ids[0][:16]], ONE_TEXT_CALLS, device == "cuda")["wall_ms"]
     return row, vectors
-
-
-def _one_text_ms(engine: EmbeddingService, ids: list[int], calls: int = 50) -> float:
-    """Median wall time of one short text through `encoder.embed` (its answer back on the host):
-    what graphs save a lone request."""
-    inputs = plain_inputs([ids])
-    engine.encoder.embed(inputs)
-    times = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        engine.encoder.embed(inputs)
-        times.append(time.perf_counter() - started)
-    return round(float(np.median(times)) * 1000, 3)
 
 
 class _Collect(logging.Handler):

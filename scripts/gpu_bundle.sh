@@ -9,8 +9,8 @@
 #                                 wheels/: torchserve (its frontend jar without what never runs),
 #                                 torch-model-archiver, and orjson for CPython $PYTHON_VERSION,
 #                                 all as setup.cfg pins them
-#   build/gpu/minilm-fp16.tar.xz  build/gpu/minilm-fp16 (made by scripts/gpu_travel.sh when
-#                                 missing), packed tighter than the folder
+#   build/gpu/minilm-fp16.tar.xz  build/gpu/minilm-fp16 packed tighter than the folder, as
+#                                 scripts/gpu_travel.sh makes it (run here when missing)
 #
 # scripts/gpu_serve.sh unpacks both there. At the end this prints every size and the total of each
 # device call (the repository's files included) against the 64 MiB a call may carry.
@@ -157,14 +157,11 @@ print(f"{JAR}: kept {kept / 2**20:.1f} MiB of files, left out {dropped / 2**20:.
 EOF
 
 # --- the archives -------------------------------------------------------------------------------
-if [[ ! -f $DIR/minilm-fp16/model.safetensors ]]; then
+# The model's archive is scripts/gpu_travel.sh's (it packs the folder whenever it changes).
+if [[ ! -f $DIR/minilm-fp16.tar.xz ]]; then
     bash scripts/gpu_travel.sh || die "scripts/gpu_travel.sh failed"
 fi
-# Each archive one xz stream (scripts/pack_xz.py); the model's again only when its folder changed.
 "$PY" scripts/pack_xz.py "$DIR/runtime.tar.xz" "$WORK/stage" jre wheels || die "packing the runtime failed"
-if [[ ! -f $DIR/minilm-fp16.tar.xz || -n $(find "$DIR/minilm-fp16" -newer "$DIR/minilm-fp16.tar.xz" -print -quit) ]]; then
-    "$PY" scripts/pack_xz.py "$DIR/minilm-fp16.tar.xz" "$DIR" minilm-fp16 --weights || die "packing the model failed"
-fi
 [[ ${KEEP_WORK:-0} == 1 ]] || rm -rf "$WORK"
 
 # --- what each call carries ---------------------------------------------------------------------

@@ -34,25 +34,30 @@ def latency(engines: dict[str, EmbeddingService], model_dir: Path, repeats: int,
         text = text_of_length(tokenizer, words, rng, tokens)
         for name, engine in engines.items():
             ids = engine.text.token_ids([text])
-            for _ in range(max(3, repeats // 20)):  # warm this shape up
-                engine.encoder.embed(plain_inputs(ids))
-            wall, events = [], []
-            for _ in range(repeats):
-                if cuda:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                began = time.perf_counter()
-                engine.encoder.embed(plain_inputs(ids))
-                wall.append((time.perf_counter() - began) * 1e3)
-                if cuda:
-                    end.record()
-                    end.synchronize()
-                    events.append(start.elapsed_time(end))
             rows.append({"tokens": tokens, "input_tokens": len(ids[0]), "mode": name, "repeats": repeats,
-                         "wall_ms": round(statistics.median(wall), 4),
-                         "wall_p90_ms": round(float(np.percentile(wall, 90)), 4),
-                         "event_ms": round(statistics.median(events), 4) if events else None})
+                         **one_input_latency(engine, ids, repeats, cuda)})
     return rows
+
+
+def one_input_latency(engine: EmbeddingService, ids: list[list[int]], repeats: int, cuda: bool) -> dict:
+    """`ids` (one input) through `encoder.embed`, `repeats` times after a warm-up of its shape:
+    the median and p90 wall time, and the median time between CUDA events around the call."""
+    for _ in range(max(3, repeats // 20)):  # warm this shape up
+        engine.encoder.embed(plain_inputs(ids))
+    wall, events = [], []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter()
+        engine.encoder.embed(plain_inputs(ids))
+        wall.append((time.perf_counter() - began) * 1e3)
+        if cuda:
+            end.record()
+            end.synchronize()
+            events.append(start.elapsed_time(end))
+    return {"wall_ms": round(statistics.median(wall), 4), "wall_p90_ms": round(float(np.percentile(wall, 90)), 4),
+            "event_ms": round(statistics.median(events), 4) if events else None}
 
 
 def saturation(engine: EmbeddingService, model_dir: Path, texts: list[str], device: str, dtype: str, best_of: int,
