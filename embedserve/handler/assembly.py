@@ -139,7 +139,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
     text = EmbedTask(checks, prompts=model.prompts, default_prompt=default_prompt,
-                     include_prompt=encoder.pooling.include_prompt)
+                     include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes)
     work: TaskSlice = text
     if model.task is Task.SPARSE:
         query_weights = load_file(str(Path(model_dir) / "query_static" / "model.safetensors"))["weight"].numpy() \

@@ -46,7 +46,9 @@ class PackedBackend:
         packed = pack([row.ids for row in rows], self.device)
         unpooled = np.fromiter((row.unpooled for row in rows), dtype=np.int64, count=len(rows))
         prompts = to_device(unpooled, self.device) if unpooled.any() else None
-        return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts)
+        ends = np.fromiter((row.pooled_end for row in rows), dtype=np.int64, count=len(rows))
+        spans = to_device(ends, self.device) if ends.any() else None  # late chunking's: each span its own pass row
+        return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts, spans)
 
     def run(self, inputs: PackedInputs, *, eager: bool = False) -> torch.Tensor:
         """-> (n, dimension) float32, in the order of the pass's rows."""
@@ -54,7 +56,8 @@ class PackedBackend:
 
     def run_eager(self, inputs: PackedInputs) -> torch.Tensor:
         hidden = self.transformer(inputs.ids, inputs.cu_seqlens, inputs.max_len)  # (total, hidden)
-        pooled = pool_packed(hidden, inputs.cu_seqlens, inputs.unpooled, self.modes)  # (n, hidden * modes)
+        pooled = pool_packed(hidden, inputs.cu_seqlens, inputs.unpooled, self.modes,
+                             inputs.pooled_end)  # (n, hidden * modes)
         return pooled if self.head is None else self.head(pooled)
 
     def computed_tokens(self, inputs: PackedInputs) -> int:

@@ -35,6 +35,9 @@ TokenPooling = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
 class PaddedInputs(NamedTuple):
     ids: torch.Tensor  # (rows, length) int64, padding ids after each row's tokens
     mask: torch.Tensor  # (rows, length): each position's TokenRole
+    # Rows of the same ids that pool different spans (late chunking) share one forward: the rows
+    # the transformer runs (distinct,) and, for each row, which of them it pools; None: every row.
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class PaddedBackend:
@@ -96,19 +99,39 @@ class PaddedBackend:
         expansion = np.fromiter((row.expansion for row in rows), dtype=np.int64, count=len(rows))
         if expansion.any():
             mask[real & (positions >= (sizes - expansion)[:, None])] = TokenRole.EXPANSION
-        return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device))
+        ends = np.fromiter((row.pooled_end for row in rows), dtype=np.int64, count=len(rows))
+        shared = None
+        if ends.any():  # spans of late chunking: attended to, pooled only within the span
+            mask[real & (ends[:, None] > 0) & (positions >= ends[:, None])] = TokenRole.PROMPT
+            shared = self._shared(ids)
+        return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device), shared)
+
+    def _shared(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The distinct rows of a pass and which one each row is, where some repeat."""
+        _, first, source = np.unique(ids, axis=0, return_index=True, return_inverse=True)
+        if len(first) == len(ids):
+            return None
+        return to_device(first.astype(np.int64), self.device), to_device(source.reshape(-1).astype(np.int64),
+                                                                         self.device)
 
     def run(self, inputs: PaddedInputs, *, eager: bool = False) -> torch.Tensor:
-        if self.graphs is None or eager:
-            return self.pooled(*inputs)
-        return self.graphs.run(*inputs)
+        # A graph was captured for a pass of distinct rows: one with shared rows runs eagerly.
+        if self.graphs is None or eager or inputs.shared is not None:
+            return self.pooled(inputs.ids, inputs.mask, inputs.shared)
+        return self.graphs.run(inputs.ids, inputs.mask)
 
-    def pooled(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def pooled(self, ids: torch.Tensor, mask: torch.Tensor,
+               shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The eager pass: (batch, seq) ids and pooling mask -> (batch, dimension) float32."""
         # Prompt tokens left out of pooling are still attended to; expansion tokens and padding are not.
         attention = mask.clamp(min=0, max=1)
         segments = (mask == TokenRole.SECOND).to(ids.dtype) if self.segments else None
-        hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
+        if shared is not None:  # the distinct rows through the model, each row's states gathered back
+            distinct, source = shared
+            hidden = self.transformer(ids[distinct], attention[distinct],
+                                      None if segments is None else segments[distinct])[source]
+        else:
+            hidden = self.transformer(ids, attention, segments)  # (batch, seq, hidden), or (batch, labels) logits
         if self.token_pooling is not None:
             return self.token_pooling(hidden, mask, ids)
         if not self.modes:
@@ -117,7 +140,9 @@ class PaddedBackend:
         return pooled if self.head is None else self.head(pooled)
 
     def computed_tokens(self, inputs: PaddedInputs) -> int:
-        """All of its bucket's tokens where a graph replays the pass."""
+        """All of its bucket's tokens where a graph replays the pass; its distinct rows' where rows repeat."""
+        if inputs.shared is not None:
+            return len(inputs.shared[0]) * inputs.ids.shape[1]
         return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(*inputs.ids.shape)
 
     @property

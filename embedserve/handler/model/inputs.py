@@ -17,7 +17,9 @@ class TokenRole(IntEnum):
     """What a position of a right-padded pass is, in its pooling mask (model/pooling.py)."""
     PAD = 0  # padding: neither attended to nor pooled
     POOLED = 1  # a token the model attends to and pooling uses
-    PROMPT = 2  # a prompt token the model attends to but pooling leaves out (include_prompt: false)
+    # A token the model attends to but pooling leaves out: an excluded prompt (include_prompt:
+    # false), or, late chunking, a token outside the span pooled.
+    PROMPT = 2
     SECOND = 3  # a token of a pair's second text (token type 1), for scoring models, which do not pool
     # A query expansion token (ColBERT's [MASK] padding) the model computes and returns but no token
     # attends to: negative, so that the attention mask (the roles clamped to 0..1) leaves it out.
@@ -30,6 +32,9 @@ class ModelInput:
     unpooled: int = 0  # leading tokens pooling leaves out (an excluded prompt)
     second: int = 0  # where a pair's second text starts (token type 1); 0: a single text
     expansion: int = 0  # trailing query expansion tokens no token attends to (TokenRole.EXPANSION)
+    # Where pooling stops (late chunking pools one span, `unpooled` up to here, of an input every
+    # token of which is attended to); 0: the input's end.
+    pooled_end: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -108,6 +108,11 @@ class TextTokenizer:
         full = iter(_ids(self.backend, [text for text, p in zip(texts, plain) if not p]))
         return [next(fast) if p else next(full) for p in plain]
 
+    def body_offsets(self, texts: Sequence[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Token ids without special tokens and each token's [start, end) characters in its text."""
+        return [(encoding.ids, encoding.offsets)
+                for encoding in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
     def token_name(self, token_id: int) -> str:
         """The vocabulary's token of an id (the id itself where the vocabulary has none)."""
         return self.backend.id_to_token(token_id) or str(token_id)

@@ -26,11 +26,15 @@ from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Emb
 
 def encode_list(request: EmbeddingRequest, result: Embeddings, model_name: str) -> bytes:
     """OpenAI's list of embeddings (also the native route's answer); with "long_input": "chunk",
-    each item also says how many windows its input was cut into."""
+    each item also says how many windows its input was cut into; with "late_chunk", an item per
+    span, in order, saying its input and its token and character ranges."""
     items = [{"object": "embedding", "index": i, "embedding": encode_vector(row, request)}
              for i, row in enumerate(result.vectors)]
     for item, windows in zip(items, result.windows or ()):
         item["windows"] = windows
+    spans = ((owner, span) for owner, own in enumerate(result.spans or ()) for span in own)
+    for item, (owner, span) in zip(items, spans):
+        item.update({"input": owner, "tokens": span.tokens, "chars": span.chars})
     return openai_list(items, model_name, result.tokens)
 
 
@@ -64,6 +68,18 @@ def _operations(model: ServedModel) -> dict[str, Any]:
         error_responses(EMBED_ERRORS, Route.OPENAI, model.server, model=model, parse=PARSE))}
 
 
+RANGE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
+# What an item of a late chunked answer says of its span.
+SPAN_FIELDS = {
+    "input": {"type": "integer", "minimum": 0, "description": "with \"long_input\": \"late_chunk\": the input this "
+              "span is of (`index` is the item's place in the list)"},
+    "tokens": {**RANGE, "description": "with \"long_input\": \"late_chunk\": the span's [start, end) tokens of its "
+               "text (the prompt and special tokens not counted)"},
+    "chars": {"anyOf": [RANGE, {"type": "null"}], "description": "with \"long_input\": \"late_chunk\": the span's "
+              "[start, end) characters of its text; null for token ids"},
+}
+
+
 def schemas(model: ServedModel) -> dict[str, Any]:
     """The request and the answer, shared with the native route."""
     option = options(model)
@@ -84,7 +100,8 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                     "properties": {"object": {"const": "embedding"}, "index": {"type": "integer", "minimum": 0},
                                    "embedding": ref("Vector"),
                                    "windows": {"type": "integer", "minimum": 1, "description": "with \"long_input\": "
-                                               "\"chunk\": the windows the input was cut into"}}}},
+                                               "\"chunk\": the windows the input was cut into"},
+                                   **SPAN_FIELDS}}},
                 "model": {"const": model.name},
                 "usage": {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
                     "prompt_tokens": {"type": "integer", "minimum": 1}, "total_tokens": {"type": "integer",

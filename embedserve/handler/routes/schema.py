@@ -73,8 +73,15 @@ OPTION_NOTES = {
                        "whatever the dtype; on the native and TEI routes one byte a code for quantized dtypes",
     "add_special_tokens": "/tokenize: list the model's special tokens too (elsewhere checked, no effect)",
     "long_input": "an input over the max input length: `truncate` cuts it (see `truncate`); `chunk` cuts it into "
-                  "windows of that length, embeds each and answers their mean weighted by their text tokens",
-    "chunk_overlap": "with `long_input` chunk: tokens of text each window repeats of the one before",
+                  "windows of that length, embeds each and answers their mean weighted by their text tokens; "
+                  "`late_chunk` answers a vector per span (`chunk_size` tokens, or `chunk_spans`), each pooled from "
+                  "the token states of its whole input (windows of that length for a longer one), on the OpenAI "
+                  "and native routes of models pooling mean or max",
+    "chunk_overlap": "with `long_input` chunk: tokens of text each window repeats of the one before; with "
+                     "late_chunk: tokens of text before a window's first span it carries as context",
+    "chunk_size": "with `long_input` late_chunk: tokens of text a span (default 256, or a window's text where less)",
+    "chunk_spans": "with `long_input` late_chunk: for each input, its spans as [start, end) character ranges of the "
+                   "text (a span is the tokens those characters touch); replaces `chunk_size`",
     "model": "accepted and ignored: the URL names the model",
     "user": "accepted and ignored",
 }
@@ -207,6 +214,10 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
             default = getattr(model.settings, key)
     elif kind is int:
         schema = {"type": ["integer", "null"], "minimum": INT_MINIMUMS.get(key, 1)}
+    elif kind is list:  # chunk_spans: [start, end] character ranges per input
+        span = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
+        schema = {"type": ["array", "null"], "minItems": 1, "maxItems": model.settings.max_inputs_per_request,
+                  "items": {"type": "array", "minItems": 1, "items": span}}
     elif key in CASE_INSENSITIVE:
         schema = {"type": ["string", "null"], "pattern": "|".join(f"^{any_case(choice)}$" for choice in choices),
                   "examples": list(choices)}
@@ -219,6 +230,8 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
         default = model.dimension
     if key == "chunk_overlap":
         schema["maximum"] = model.max_chunk_overlap
+    if key == "chunk_size":
+        schema["maximum"] = model.max_chunk_overlap + 1
     if key == "long_input" and model.task is not Task.EMBED:  # one vector an input to combine: dense models only
         schema = {"enum": [choices[0], None]}
     if key == "prompt_name":  # the default: the `prompt` setting, else the model's default prompt

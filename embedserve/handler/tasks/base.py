@@ -22,6 +22,7 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.tokenization import TextTokenizer
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
 from embedserve.handler.settings import Settings
+from embedserve.handler.tasks.chunking import distinct_tokens
 from embedserve.handler.worker.failures import log_failure
 
 
@@ -47,6 +48,8 @@ class Job:
     # and each model input's weight in its input's vector; None: one model input per input.
     windows: tuple[int, ...] | None = None
     weights: tuple[int, ...] | None = None
+    # Late chunking (tasks/chunking.py): each input's spans, a model input each (`windows` counts them).
+    spans: tuple[tuple[Any, ...], ...] | None = None
 
     def owner(self, item: int) -> int:
         """The request's input that model input `item` is (a window of)."""
@@ -54,7 +57,9 @@ class Job:
 
     @property
     def tokens(self) -> int:
-        return self.computed[1] if self.computed else sum(len(item) for item in self.inputs)
+        if self.computed:
+            return self.computed[1]
+        return distinct_tokens(self.inputs) if self.spans is not None else sum(len(item) for item in self.inputs)
 
 
 # One request's model outputs (vectors or logits) and its inputs that did not fit in memory even
@@ -156,6 +161,6 @@ def each_result(jobs: dict[int, Job], shape: Callable[[int, Job], Any], what: st
 
 def does_not_fit(job: Job, item: int) -> RequestError:
     param = job.request.param(job.owner(item))
-    what = "a window of " if job.windows is not None else ""
+    what = "a span of " if job.spans is not None else "a window of " if job.windows is not None else ""
     return out_of_memory(f"{what}'{param}' ({len(job.inputs[item])} tokens) does not fit in memory even alone; send "
                          "it shorter or lower max_length", param=param)

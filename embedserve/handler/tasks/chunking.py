@@ -1,4 +1,5 @@
-"""Inputs longer than the model, cut into windows and combined ("long_input": "chunk").
+"""Inputs longer than the model, cut into windows and combined ("long_input": "chunk"), and
+late chunking ("long_input": "late_chunk").
 
 An input's tokens (its prompt first, kept whole in every window) are cut into windows of the
 model's length, `overlap` tokens of text repeated from one window to the next; each window is
@@ -8,6 +9,17 @@ requests' inputs, counted in the work bound, cached). The input's vector is the 
 windows' vectors weighted by the text tokens each holds, before the answer's own normalization
 (the pipeline's final Normalize, model/head.py), so it is the pipeline's on each window, then
 combined, then normalized. An input that fits is one window: the same vector as truncation gives.
+
+Late chunking pools spans of one pass instead of embedding them apart: each span's tokens are
+pooled from the token states of the whole input (every token attends to every other), so a span
+keeps its context ("it" knows what it refers to). Spans are fixed-size runs of `chunk_size` text
+tokens, or the caller's character ranges (`chunk_spans`). An input that fits the model is one pass;
+a longer one is cut into windows of the model's length, each holding whole spans and, before its
+first, up to `chunk_overlap` tokens of the text before them as context. Each span is one model
+input: its window's ids, pooled from its first token to its last (ModelInput.unpooled and
+pooled_end); the spans of one window share one forward pass (backends/padded.py). The vector is
+the pipeline's after pooling (its Dense layers), then the answer's normalization. It needs
+pooling over tokens (mean, max): a CLS or last-token vector has no span.
 """
 
 from __future__ import annotations
@@ -18,7 +30,11 @@ from typing import Sequence
 import torch
 
 from embedserve.handler.api.errors import unprocessable
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.tokenization import TextTokenizer
+
+# Pooling that has a vector for any run of tokens: what late chunking can pool a span with.
+SPAN_POOLING = ("mean", "max", "mean_sqrt_len_tokens")
 
 
 @dataclass(frozen=True)
@@ -81,3 +97,59 @@ def pool_windows(vectors: torch.Tensor, windows: Sequence[int], weights: Sequenc
                                                                                      vectors * weight[:, None])
     totals = torch.zeros(len(windows), dtype=vectors.dtype).index_add_(0, owner, weight)
     return sums / totals[:, None]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One late chunk of an input: its text tokens [start, end), and its characters where the input
+    was a text (None for token ids)."""
+    tokens: tuple[int, int]
+    chars: tuple[int, int] | None
+
+
+def distinct_tokens(inputs: Sequence[ModelInput]) -> int:
+    """The tokens late chunked inputs cost: each distinct window once, as its spans share its pass."""
+    return sum(len(ids) for ids in {tuple(item.ids) for item in inputs})
+
+
+def fixed_spans(length: int, size: int) -> list[tuple[int, int]]:
+    """Runs of `size` text tokens, the last one shorter; one empty span for an empty text."""
+    return [(start, min(start + size, length)) for start in range(0, length, size)] or [(0, 0)]
+
+
+def char_spans(ranges: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, int]], param: str
+               ) -> list[tuple[int, int]]:
+    """Each character range [start, end) as the text tokens whose characters it overlaps."""
+    spans = []
+    for j, (start, end) in enumerate(ranges):
+        hit = [i for i, (first, last) in enumerate(offsets) if first < end and last > start]
+        if not hit:
+            raise unprocessable(f"'{param}[{j}]' [{start}, {end}) holds no token of the text", param=f"{param}[{j}]")
+        spans.append((hit[0], hit[-1] + 1))
+    return spans
+
+
+def late_chunk(tokenizer: TextTokenizer, body: Sequence[int], spans: Sequence[tuple[int, int]], max_length: int,
+               prompt_tokens: int, context: int, param: str, unpooled_prompt: int = 0) -> list[ModelInput]:
+    """One model input per span of `body` (token ids without special tokens, the prompt's first):
+    the window holding it, pooled over it alone. Windows start at the text's start and move on
+    when a span does not fit, carrying up to `context` tokens before it. An empty text's one span
+    (0, 0) is its window pooled as a plain input is (`unpooled_prompt` left out)."""
+    room = text_room(tokenizer, max_length, prompt_tokens)
+    prompt, text = list(body[:prompt_tokens]), list(body[prompt_tokens:])
+    lead = len(tokenizer.prefix) + prompt_tokens  # window positions before its text
+    start = 0
+    inputs = []
+    for j, (first, last) in enumerate(spans):
+        if last - first > room:
+            raise unprocessable(f"'{param}[{j}]' spans {last - first} tokens; a span must fit one window of "
+                                f"{room} tokens of text (the max input length {max_length} less the special tokens "
+                                "and the prompt)", param=f"{param}[{j}]")
+        if first < start or last > start + room:  # a new window: the span with context before it
+            start = max(0, min(first - context, len(text) - room))
+            start = max(start, last - room)
+        window = text[start:start + room]
+        ids = tokenizer.prefix + prompt + window + tokenizer.suffix
+        inputs.append(ModelInput(ids, unpooled=lead + first - start, pooled_end=lead + last - start)
+                      if last > first else ModelInput(ids, unpooled=unpooled_prompt))
+    return inputs

@@ -27,14 +27,18 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, Outcome, RequestChecks
-from embedserve.handler.tasks.chunking import check_overlap, check_room, chunk_inputs, max_overlap, pool_windows
+from embedserve.handler.tasks.chunking import (SPAN_POOLING, Span, char_spans, check_overlap, check_room, chunk_inputs,
+                                               fixed_spans, late_chunk, max_overlap, pool_windows, text_room)
 from embedserve.handler.worker.failures import log_failure
 
 ENCODING_FORMATS = ("float", "base64")
 TRUNCATION_DIRECTIONS = ("right", "left")
 # An input longer than the model: cut to its length (truncate: false refuses it), or cut into
-# windows of the model's length, each embedded, their vectors combined (chunking.py).
-LONG_INPUTS = ("truncate", "chunk")
+# windows of the model's length, each embedded, their vectors combined, or late chunked: a vector
+# per span of one pass (chunking.py).
+LONG_INPUTS = ("truncate", "chunk", "late_chunk")
+# Late chunking's span when the request gives none: tokens of text.
+DEFAULT_CHUNK_SIZE = 256
 
 # Every option of an embedding request, parsed alike on every route: its JSON type and, for a
 # string, its values (the first is the default; none listed: any string). A missing field or null
@@ -50,6 +54,8 @@ OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
     "add_special_tokens": (bool, ()),  # /tokenize only
     "long_input": (str, LONG_INPUTS),
     "chunk_overlap": (int, ()),  # tokens each window repeats of the one before (0 and up)
+    "chunk_size": (int, ()),  # late chunking: tokens of text a span
+    "chunk_spans": (list, ()),  # late chunking: each input's [start, end) character ranges
 }
 # Integer options that may be 0 (the others must be positive).
 INT_MINIMUMS = {"chunk_overlap": 0}
@@ -75,6 +81,8 @@ class Options:
     add_special_tokens: bool = True  # /tokenize only
     long_input: str = "truncate"
     chunk_overlap: int = 0
+    chunk_size: int | None = None  # None: DEFAULT_CHUNK_SIZE, or a window's text where less
+    chunk_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,8 @@ class Embeddings:
     vectors: np.ndarray  # (inputs, dimensions) float32, or codes
     tokens: int
     windows: tuple[int, ...] | None = None  # with "long_input": "chunk", the windows each input used
+    # With "long_input": "late_chunk": each input's spans, whose vectors `vectors` holds in order.
+    spans: tuple[tuple[Span, ...], ...] | None = None
 
 
 # --- reading the request ---------------------------------------------------------------------------
@@ -152,8 +162,32 @@ def parse_options(payload: dict[str, Any]) -> Options:
     for key in IGNORED_FIELDS:
         option_value(payload, key, str)
     values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE, INT_MINIMUMS.get(key, 1))
-              for key, (kind, choices) in OPTION_TYPES.items()}
+              for key, (kind, choices) in OPTION_TYPES.items() if kind is not list}
+    values["chunk_spans"] = parse_spans(payload.get("chunk_spans"))
     return Options(**{key: value for key, value in values.items() if value is not None})
+
+
+def parse_spans(value: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+    """`chunk_spans`: for each input, a non-empty list of [start, end) character ranges."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise malformed(f"'chunk_spans' must be a non-empty list (a list of [start, end] character ranges per "
+                        f"input), got {json_type(value)}", param="chunk_spans")
+    parsed = []
+    for i, ranges in enumerate(value):
+        if not isinstance(ranges, list) or not ranges:
+            raise malformed(f"'chunk_spans[{i}]' must be a non-empty list of [start, end] character ranges, got "
+                            f"{json_type(ranges)}", param=f"chunk_spans[{i}]")
+        spans = []
+        for j, pair in enumerate(ranges):
+            bounds = [as_int(number) for number in pair] if isinstance(pair, list) and len(pair) == 2 else None
+            if bounds is None or None in bounds or not 0 <= bounds[0] < bounds[1]:
+                raise malformed(f"'chunk_spans[{i}][{j}]' must be [start, end], integers with 0 <= start < end, got "
+                                f"{short(pair)}", param=f"chunk_spans[{i}][{j}]")
+            spans.append((bounds[0], bounds[1]))
+        parsed.append(tuple(spans))
+    return tuple(parsed)
 
 
 # --- the answer's size -----------------------------------------------------------------------------
@@ -208,9 +242,12 @@ class _Checked:
 class EmbedTask:
     task = Task.EMBED
 
-    def __init__(self, checks: RequestChecks, *, prompts: dict[str, str], default_prompt: str, include_prompt: bool):
-        """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag)."""
+    def __init__(self, checks: RequestChecks, *, prompts: dict[str, str], default_prompt: str, include_prompt: bool,
+                 pooling: tuple[str, ...] = ("mean",)):
+        """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag);
+        `pooling`: its modes (late chunking needs pooling over tokens)."""
         self.checks = checks
+        self.pooling = pooling
         self.settings = checks.settings
         self.tokenizer = checks.tokenizer
         self.prompts = prompts
@@ -221,6 +258,7 @@ class EmbedTask:
         # the model's longest prompt (a bound of the model, the OpenAPI document's maximum).
         self.max_chunk_overlap = max_overlap(self.tokenizer, self.max_length,
                                              max(prompt.tokens for prompt in self._prompt_tokens.values()))
+        self.max_chunk_size = self.max_chunk_overlap + 1  # a window's text beside the longest prompt
 
     @property
     def max_length(self) -> int:
@@ -310,6 +348,8 @@ class EmbedTask:
         for i, ids in zip(checked.texts, tokenized):
             bodies[i] = ids
         max_length = self.checks.max_length
+        if options.long_input == "late_chunk":
+            return self._late_chunked(checked, bodies, budget)
         if options.long_input == "chunk":
             chunked = chunk_inputs(self.tokenizer, bodies, max_length, prompt.tokens, options.chunk_overlap)
             inputs = [ModelInput(ids, unpooled=prompt.unpooled) for ids in chunked.ids]
@@ -324,6 +364,40 @@ class EmbedTask:
         self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
         return Job(request, inputs, checked.normalize)
 
+    def _late_chunked(self, checked: _Checked, bodies: list[list[int]], budget: WorkBudget | None) -> Job:
+        """A model input per span of each input (chunking.py), and each span's token and
+        character ranges in its text (characters: where the input was a text)."""
+        request, prompt, options = checked.request, checked.prompt, checked.request.options
+        room = text_room(self.tokenizer, self.max_length, prompt.tokens)
+        size = options.chunk_size or min(DEFAULT_CHUNK_SIZE, room)
+        texts = {i: item for i, item in enumerate(request.inputs) if isinstance(item, str)}
+        offsets = dict(zip(texts, self.tokenizer.body_offsets([prompt.text + text for text in texts.values()])))
+        inputs: list[ModelInput] = []
+        spans: list[tuple[Span, ...]] = []
+        for i, body in enumerate(bodies):
+            if i in offsets:  # the text's own tokens, as late_chunk cuts them: the same ids, with offsets
+                body, places = offsets[i]
+                places = [(start - len(prompt.text), end - len(prompt.text)) for start, end in places[prompt.tokens:]]
+            if options.chunk_spans is not None:
+                ranges = options.chunk_spans[i]
+                for j, (start, end) in enumerate(ranges):
+                    if end > len(texts[i]):
+                        raise unprocessable(f"'chunk_spans[{i}][{j}]' ends at character {end}, past the end of "
+                                            f"'{request.param(i)}' ({len(texts[i])} characters)",
+                                            param=f"chunk_spans[{i}][{j}]")
+                token_spans = char_spans(ranges, places, f"chunk_spans[{i}]")
+            else:
+                token_spans = fixed_spans(len(body) - prompt.tokens, size)
+            inputs += late_chunk(self.tokenizer, body, token_spans, self.max_length, prompt.tokens,
+                                 options.chunk_overlap, f"chunk_spans[{i}]" if options.chunk_spans else "chunk_size",
+                                 prompt.unpooled)
+            spans.append(tuple(Span((first, last), (places[first][0], places[last - 1][1])
+                                    if i in offsets and last > first else None) for first, last in token_spans))
+        job = Job(request, inputs, checked.normalize, windows=tuple(map(len, spans)), spans=tuple(spans))
+        self.checks.tokens(job.tokens, request.field, budget)
+        self._check_answer_size(request, len(inputs))
+        return job
+
     def check_limits(self, request: EmbeddingRequest) -> None:
         """Input count and characters per text, both before any tokenizing."""
         self.checks.count(request)
@@ -335,7 +409,8 @@ class EmbedTask:
         """The options' values, and with `answer` the answer's size bound."""
         options, dimension = request.options, self.checks.dimension
         check_overlap(options.chunk_overlap, self.max_chunk_overlap, self.checks.max_length)
-        if options.long_input == "chunk":
+        self._check_late_chunking(request)
+        if options.long_input in ("chunk", "late_chunk"):
             check_room(self.tokenizer, self.checks.max_length, self._prompt_of(request).tokens)
         if options.dimensions is not None and options.dimensions > dimension:
             raise unprocessable(f"'dimensions' must be at most the model's dimension {dimension}, "
@@ -349,12 +424,41 @@ class EmbedTask:
                                 "normalized vectors; with \"normalize\": false they are not unit length: drop "
                                 "\"normalize\": false or use float/binary", param="output_dtype")
 
-    def _check_answer_size(self, request: EmbeddingRequest) -> None:
+    def _check_late_chunking(self, request: EmbeddingRequest) -> None:
+        """Late chunking's options, checked on every request as every option is; its own needs
+        (pooling over tokens, an answer shape with spans, texts for character ranges) where asked."""
+        options = request.options
+        if options.chunk_size is not None and options.chunk_size > self.max_chunk_size:
+            raise unprocessable(f"'chunk_size' must be at most {self.max_chunk_size}, the tokens of text a window "
+                                f"holds beside the model's longest prompt, got {options.chunk_size}", param="chunk_size")
+        if options.long_input != "late_chunk":
+            if options.chunk_spans is not None:
+                raise unprocessable("'chunk_spans' applies to \"long_input\": \"late_chunk\"", param="chunk_spans")
+            return
+        if not set(self.pooling) <= set(SPAN_POOLING):
+            raise unprocessable(f"\"long_input\": \"late_chunk\" pools the tokens of each span, and this model pools "
+                                f"{'+'.join(self.pooling)}, which has no vector for a span (late chunking needs "
+                                f"{', '.join(SPAN_POOLING)} pooling)", param="long_input")
+        if request.route not in (Route.NATIVE, Route.OPENAI):
+            raise unprocessable("\"long_input\": \"late_chunk\" answers a vector per span, which TEI's answer (a "
+                                "vector per input) cannot hold: use the OpenAI or native route", param="long_input")
+        if options.chunk_spans is not None:
+            if len(options.chunk_spans) != len(request.inputs):
+                raise unprocessable(f"'chunk_spans' has {len(options.chunk_spans)} lists of ranges for "
+                                    f"{len(request.inputs)} inputs; give one per input", param="chunk_spans")
+            for i, item in enumerate(request.inputs):
+                if not isinstance(item, str):
+                    raise unprocessable(f"'chunk_spans[{i}]' gives character ranges, and '{request.param(i)}' is "
+                                        "token ids: send the text, or fixed spans with 'chunk_size'",
+                                        param=f"chunk_spans[{i}]")
+
+    def _check_answer_size(self, request: EmbeddingRequest, vectors: int | None = None) -> None:
+        """The answer of `vectors` vectors (one an input unless late chunking says how many)."""
         options, dimension = request.options, self.checks.dimension
 
         def answer_bytes(encoding_format: str) -> int:
-            return max_answer_bytes(len(request.inputs), options.dimensions or dimension, options.output_dtype,
-                                    encoding_format, self.checks.model_name, request.route)
+            return max_answer_bytes(vectors or len(request.inputs), options.dimensions or dimension,
+                                    options.output_dtype, encoding_format, self.checks.model_name, request.route)
 
         answer = answer_bytes(options.encoding_format)
         # base64 is no smaller for codes on the OpenAI route (4 bytes each): suggest it only where it helps.
@@ -382,7 +486,7 @@ class EmbedTask:
         groups: dict[int | None, list[int]] = {}
         for index, job in jobs.items():
             vectors, _ = outcomes[index]
-            if job.windows is not None:  # one vector per input from its windows' vectors
+            if job.weights is not None:  # one vector per input from its windows' vectors
                 vectors = pool_windows(vectors, job.windows, job.weights)
             dimensions = job.request.options.dimensions
             shaped[index] = vectors if dimensions is None else vectors[:, :dimensions]
@@ -404,7 +508,8 @@ class EmbedTask:
             job = jobs[index]
             try:
                 results[index] = vectors if isinstance(vectors, RequestError) else \
-                    Embeddings(quantize(vectors.numpy(), job.request.options.output_dtype), job.tokens, job.windows)
+                    Embeddings(quantize(vectors.numpy(), job.request.options.output_dtype), job.tokens,
+                               job.windows if job.weights is not None else None, job.spans)
             except Exception as err:  # a bug met by one answer must not fail its batch
                 log_failure(f"quantizing the answer of request {index} of the batch", err)
                 results[index] = internal_error("the server failed to encode this answer; the failure is logged")

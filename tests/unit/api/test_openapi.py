@@ -96,7 +96,7 @@ def test_every_codec_option_appears_with_its_type_values_and_default(document):
             assert [choice for choice in choices if jsonschema.Draft202012Validator(schema).is_valid(choice)] \
                 == list(choices)
         elif key != "prompt_name":  # the model's prompts, below
-            assert {bool: "boolean", int: "integer", str: "string"}[kind] in str(schema), key
+            assert {bool: "boolean", int: "integer", str: "string", list: "array"}[kind] in str(schema), key
     assert embed["normalize"]["default"] is True and embed["truncate"]["default"] is False  # the settings'
     assert embed["prompt_name"]["enum"] == ["document", "query", None]
     assert tokenize["add_special_tokens"]["default"] is True

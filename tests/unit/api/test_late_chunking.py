@@ -1,0 +1,137 @@
+"""Late chunking ("long_input": "late_chunk") in process: a vector per span, each pooled from the
+token states of its whole input (windows of the model's length for a longer one), against the
+reference of tests/support/long_inputs.py (sentence-transformers' token vectors); caller spans,
+prompts, token ids, bad options, limits, the cache, and spans of one window sharing one pass."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from embedserve.handler.api.exchange import RawRequest
+from embedserve.handler.assembly import assemble
+from embedserve.handler.settings import Settings
+from tests.support.long_inputs import LONG, cosine, late_reference
+from tests.support.tiny_model import make_tiny_model
+
+SHORT = "The cat sat on the mat. It was warm there, and it slept."
+
+
+@pytest.fixture(scope="module")
+def service(tiny_model_dir):
+    return assemble(tiny_model_dir, Settings(dtype="float32"), model_name="tiny", warm=True)
+
+
+@pytest.fixture(scope="module")
+def st_model(tiny_model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(tiny_model_dir), device="cpu")
+
+
+def call(svc, route, body):
+    [response] = svc.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
+    return response.status, json.loads(response.body)
+
+
+def check(answer, expected, owner=0):
+    items = [item for item in answer["data"] if item["input"] == owner]
+    assert len(items) == len(expected)
+    for item, (vector, tokens, chars) in zip(items, expected):
+        assert cosine(item["embedding"], vector) >= 0.99999
+        assert tuple(item["tokens"]) == tokens and (item["chars"] is None or tuple(item["chars"]) == chars)
+    return items
+
+
+def test_fixed_spans_of_one_pass(service, st_model):
+    status, answer = call(service, "v1/embeddings", {"input": [SHORT, "short"], "long_input": "late_chunk",
+                                                     "chunk_size": 4})
+    assert status == 200, answer
+    items = check(answer, late_reference(st_model, SHORT, service.text.max_length, size=4))
+    assert len(items) >= 3 and [item["index"] for item in answer["data"]] == list(range(len(answer["data"])))
+    assert SHORT[slice(*items[0]["chars"])].startswith("The")
+    check(answer, late_reference(st_model, "short", service.text.max_length, size=4), owner=1)
+    # A span's vector is not its text embedded alone: its context changed it.
+    _, alone = call(service, "v1/embeddings", {"input": SHORT[slice(*items[1]["chars"])]})
+    assert cosine(alone["data"][0]["embedding"], items[1]["embedding"]) < 0.9999
+    # usage: the one pass's tokens, not a pass per span
+    assert answer["usage"]["prompt_tokens"] == len(st_model.tokenizer(SHORT)["input_ids"]) + 3
+
+
+@pytest.mark.parametrize("context", [0, 9])
+def test_a_long_input_is_windows_holding_whole_spans(service, st_model, context):
+    max_length = service.text.max_length
+    expected = late_reference(st_model, LONG, max_length, size=10, context=context)
+    status, answer = call(service, "", {"input": LONG, "long_input": "late_chunk", "chunk_size": 10,
+                                        "chunk_overlap": context})
+    assert status == 200, answer
+    check(answer, expected)
+    assert len(expected) >= 20
+
+
+def test_caller_spans_and_a_prompt(service, st_model):
+    spans = [[0, 23], [24, 56], [4, 30]]  # sentences, and one across them
+    expected = late_reference(st_model, SHORT, service.text.max_length, spans=spans, prompt="query: ")
+    status, answer = call(service, "v1/embeddings", {"input": [SHORT], "long_input": "late_chunk",
+                                                     "chunk_spans": [spans], "prompt_name": "query"})
+    assert status == 200, answer
+    check(answer, expected)
+
+
+def test_token_ids_dimensions_and_dtypes(service, st_model):
+    ids = st_model.tokenizer(SHORT, add_special_tokens=False)["input_ids"]
+    status, answer = call(service, "v1/embeddings", {"input": [ids], "long_input": "late_chunk", "chunk_size": 5,
+                                                     "dimensions": 8})
+    assert status == 200, answer
+    assert all(item["chars"] is None and len(item["embedding"]) == 8 for item in answer["data"])
+    status, answer = call(service, "", {"input": SHORT, "long_input": "late_chunk", "output_dtype": "int8"})
+    assert status == 200 and len(answer["data"]) == 1
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({"chunk_size": 0}, 400, "chunk_size", "positive integer"),
+    ({"chunk_size": 47}, 400, "chunk_size", "at most 44"),
+    ({"chunk_spans": [[[0, 4]]]}, 400, "chunk_spans", "applies to"),
+    ({"long_input": "late_chunk", "chunk_spans": [[[5, 2]]]}, 400, "chunk_spans[0][0]", "start < end"),
+    ({"long_input": "late_chunk", "chunk_spans": [[[0, 4]], [[0, 1]]]}, 400, "chunk_spans", "one per input"),
+    ({"long_input": "late_chunk", "chunk_spans": "x"}, 400, "chunk_spans", "non-empty list"),
+    ({"long_input": "late_chunk", "chunk_spans": [[[0, 100000]]]}, 400, "chunk_spans[0][0]", "past the end"),
+    ({"long_input": "late_chunk", "chunk_spans": [[[0, 200]]]}, 400, "chunk_spans[0][0]", "must fit one window"),
+])
+def test_bad_options_are_refused_naming_the_field(service, body, status, param, words):
+    got, answer = call(service, "v1/embeddings", {"input": LONG, **body})
+    assert got == status, answer
+    assert answer["error"]["param"] == param and words in answer["error"]["message"], answer
+
+
+def test_tei_routes_refuse_late_chunking_and_others_of_the_batch_succeed(service):
+    bodies = [({"inputs": [SHORT], "long_input": "late_chunk"}, "embed"),
+              ({"input": SHORT, "long_input": "late_chunk"}, "v1/embeddings"), ({"input": "plain"}, "v1/embeddings")]
+    raws = [RawRequest(json.dumps(b).encode(), "application/json", r) for b, r in bodies]
+    answers = service.handle(raws)
+    assert [a.status for a in answers] == [422, 200, 200]
+    assert "TEI's answer" in json.loads(answers[0].body)["error"]
+
+
+def test_cls_pooling_is_refused_with_the_reason(tmp_path):
+    svc = assemble(make_tiny_model(tmp_path / "cls", pooling="cls"), Settings(dtype="float32"), model_name="cls",
+                   warm=False)
+    status, answer = call(svc, "v1/embeddings", {"input": SHORT, "long_input": "late_chunk"})
+    assert status == 400 and answer["error"]["param"] == "long_input" and "pools cls" in answer["error"]["message"]
+
+
+def test_spans_count_in_the_limits_and_are_cached_apart(tiny_model_dir):
+    small = assemble(tiny_model_dir, Settings(dtype="float32", max_tokens_per_request=200), model_name="tiny",
+                     warm=False)
+    status, answer = call(small, "v1/embeddings", {"input": LONG, "long_input": "late_chunk", "chunk_size": 40})
+    assert status == 413 and "max_tokens_per_request=200" in answer["error"]["message"]
+    cached = assemble(tiny_model_dir, Settings(dtype="float32", cache_entries=1000), model_name="tiny", warm=False)
+    raw = RawRequest(json.dumps({"input": SHORT, "long_input": "late_chunk", "chunk_size": 3}).encode(),
+                     "application/json", "v1/embeddings")
+    [first], _ = cached.handle_with_report([raw])
+    [second], report = cached.handle_with_report([raw])
+    vectors = [item["embedding"] for item in json.loads(first.body)["data"]]
+    assert second.body == first.body and report.cache_misses == 0
+    assert len({tuple(np.round(v, 6)) for v in vectors}) == len(vectors) >= 5  # spans of one window, each its own
