@@ -9,6 +9,7 @@ from transformers import AutoModel, BertConfig, BertModel, RobertaConfig, Robert
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.packed import PackedBackend
+from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.model.packed_forward import (
     GROUPED_SDPA, VARLEN_FLASH, PackedTransformer, attention_kernel, length_groups, pack, packed_support, pool_packed,
@@ -122,6 +123,29 @@ def test_pooling_on_given_states_equals_pool_exactly():
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     got = pool_packed(hidden[mask.bool()], cu_seqlens, unpooled, POOLING_MODES)
     torch.testing.assert_close(got, pool(hidden, mask, POOLING_MODES), rtol=1e-6, atol=1e-6)
+
+
+def test_a_late_chunk_span_pools_as_the_padded_pass_does():
+    """Late chunking's spans (unpooled to pooled_end) on packed states equal pool on padded ones, and
+    the padded and packed backends' prepared masks agree (mean, max, sqrt-len: the span poolings)."""
+    torch.manual_seed(0)
+    lengths, starts, ends = [9, 6, 12, 4], [2, 1, 5, 0], [5, 0, 11, 4]  # 0: to the input's end
+    hidden = torch.randn(len(lengths), max(lengths), 16)
+    mask = torch.zeros(hidden.shape[:2], dtype=torch.long)
+    for row, (length, start, end) in enumerate(zip(lengths, starts, ends)):
+        mask[row, :length] = PROMPT
+        mask[row, start:end or length] = POOLED
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    modes = ("mean", "max", "mean_sqrt_len_tokens")
+    got = pool_packed(hidden[mask.bool()], cu_seqlens, starts, modes, ends)
+    torch.testing.assert_close(got, pool(hidden, mask, modes), rtol=1e-6, atol=1e-6)
+    rows = [ModelInput(list(range(3, 3 + n)), unpooled=a, pooled_end=b) for n, a, b in zip(lengths, starts, ends)]
+    padded = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
+                           device=torch.device("cpu"), facts={}).prepare(rows)
+    assert torch.equal(padded.mask, mask) and padded.shared is None
+    shared = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
+                           device=torch.device("cpu"), facts={}).prepare([rows[0], rows[2], rows[0]])
+    assert shared.shared is not None and shared.shared[0].tolist() == [0, 1] and shared.shared[1].tolist() == [0, 1, 0]
 
 
 def tiny_roberta():

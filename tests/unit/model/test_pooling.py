@@ -91,11 +91,11 @@ def test_pad_right_pads_to_the_multiple_and_marks_the_prompt():
 
     backend = PaddedBackend(None, modes=("mean",), head=None, pad_id=3, pad_multiple=4, device=torch.device("cpu"),
                             facts={})
-    ids, mask = backend.prepare([ModelInput([7, 8, 9, 10, 11], 2), ModelInput((5,), 4), ModelInput([6, 6])])
+    ids, mask, _ = backend.prepare([ModelInput([7, 8, 9, 10, 11], 2), ModelInput((5,), 4), ModelInput([6, 6])])
     assert ids.dtype == mask.dtype == torch.long
     assert ids.tolist() == [[7, 8, 9, 10, 11, 3, 3, 3], [5, 3, 3, 3, 3, 3, 3, 3], [6, 6, 3, 3, 3, 3, 3, 3]]
     assert mask.tolist() == [[PROMPT, PROMPT, POOLED, POOLED, POOLED, 0, 0, 0],
                              [PROMPT, 0, 0, 0, 0, 0, 0, 0],  # a prompt longer than its row marks the row only
                              [POOLED, POOLED, 0, 0, 0, 0, 0, 0]]
-    _, plain = backend.prepare(plain_inputs([[7, 8], [5]]))
+    _, plain, _ = backend.prepare(plain_inputs([[7, 8], [5]]))
     assert plain.tolist() == [[POOLED, POOLED, 0, 0], [POOLED, 0, 0, 0]]
