@@ -119,9 +119,25 @@ def _schema(served, document):
         """Every failure counts but those of TorchServe's own 413 to a body over its
         max_request_size: the documented answer, whose empty body and missing content type no
         response schema can describe beside the handler's JSON 413 of the same route."""
-        return not frontend_413(response, limit)
+        return not frontend_413(response, limit) and not spans_beyond_the_schema(response)
 
     return schema
+
+
+def spans_beyond_the_schema(response) -> bool:
+    """Late chunking's caller spans checked against their own inputs: one list of ranges an input,
+    each within its text, touching a token, fitting a window. No schema relates one field's length
+    or values to another field's, so that refusal (400 naming the ranges) is a schema-valid
+    request's documented answer (docs/api.md)."""
+    if response.status_code not in (400, 422):
+        return False
+    try:
+        error = response.json().get("error")
+    except ValueError:
+        return False
+    param, message = (error.get("param"), error.get("message", "")) if isinstance(error, dict) else (None, "")
+    return isinstance(param, str) and re.fullmatch(r"chunk_spans(\[\d+\]){0,2}", param) is not None and \
+        "applies to" not in message
 
 
 def frontend_413(response, limit: int) -> bool:

@@ -29,7 +29,7 @@ from embedserve.handler.execution.calibration import Speed, measure_speed
 from embedserve.handler.execution.device_errors import is_out_of_memory, raise_classified
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.description import Pooling
-from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.model.inputs import ModelInput, distinct_tokens
 from embedserve.handler.scheduling.cache import RowCodec
 from embedserve.handler.worker.cpu_lending import CpuLending
 from embedserve.handler.worker.transfer import to_device
@@ -261,7 +261,7 @@ class Encoder:
                     continue
                 padded += self.backend.computed_tokens(prepared)
                 passes += 1
-        return Embedded(out.result(), real_tokens=sum(lengths), padded_tokens=padded, passes=passes,
+        return Embedded(out.result(), real_tokens=distinct_tokens(inputs), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large), cpu_threads=threads)
 
     def measure_speed(self) -> Speed:

@@ -43,3 +43,11 @@ class ModelInput:
 def plain_inputs(token_ids: Iterable[Sequence[int]]) -> list[ModelInput]:
     """Inputs that are token ids alone: every token pooled, one segment."""
     return [ModelInput(ids) for ids in token_ids]
+
+
+def distinct_tokens(inputs: Sequence[ModelInput]) -> int:
+    """The tokens inputs cost where rows of the same ids share one pass (late chunking's spans of
+    one window, backends/padded.py): each distinct row once."""
+    if not any(item.pooled_end for item in inputs):
+        return sum(map(len, inputs))
+    return sum(len(ids) for ids in {tuple(item.ids) for item in inputs})

@@ -20,7 +20,7 @@ from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, embedding_request
 from embedserve.handler.routes.schema import (EMBED_ERRORS, EMBED_OPTIONS, OPTION_NOTES, ServedModel,
                                               embedding_examples, error_responses, examples, list_example, operation,
-                                              options, quantizing_needs_normalizing, ref)
+                                              SPANS_NEED_LATE_CHUNKING, options, quantizing_needs_normalizing, ref)
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Embeddings
 
 
@@ -89,7 +89,7 @@ def schemas(model: ServedModel) -> dict[str, Any]:
         "EmbeddingRequest": {
             "type": "object", "required": ["input"],
             "properties": {"input": ref("Input"), **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
-            **quantizing_needs_normalizing(model),
+            "allOf": [quantizing_needs_normalizing(model), SPANS_NEED_LATE_CHUNKING],
             "description": "other fields are accepted and ignored"},
         "EmbeddingList": {
             "type": "object", "required": ["object", "data", "model", "usage"],

@@ -33,6 +33,7 @@ class ServedModel:
     settings: Settings
     max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
     max_chunk_overlap: int = 0  # "chunk_overlap" at most: a window's text room with the longest prompt, less one
+    span_pooling: bool = True  # whether its pooling has a vector for a span: late chunking
     task: Task = Task.EMBED
     labels: tuple[str, ...] = ()  # a scoring model's labels
     instructed: bool = False  # a causal reranker: (query, document) pairs only, an instruction allowed
@@ -234,6 +235,8 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
         schema["maximum"] = model.max_chunk_overlap + 1
     if key == "long_input" and model.task is not Task.EMBED:  # one vector an input to combine: dense models only
         schema = {"enum": [choices[0], None]}
+    elif key == "long_input" and not model.span_pooling:  # CLS or last-token pooling: no vector for a span
+        schema = {"enum": [choice for choice in (*choices, None) if choice != "late_chunk"]}
     if key == "prompt_name":  # the default: the `prompt` setting, else the model's default prompt
         schema = {"enum": [*model.prompts, None]}
     schema["description"] = OPTION_NOTES[key] + "; missing or null: the default"
@@ -303,6 +306,19 @@ def scoring_option_schemas(model: ServedModel) -> dict[str, Any]:
     option = options(model)
     return {"raw_scores": {"type": ["boolean", "null"], "description": "the logits, without the activation"},
             "truncate": option["truncate"], "truncation_direction": option["truncation_direction"]}
+
+
+# Caller spans are late chunking's (tasks/embed.py refuses them otherwise).
+SPANS_NEED_LATE_CHUNKING = {"if": {"required": ["chunk_spans"], "properties": {"chunk_spans": {"type": "array"}}},
+                            "then": {"required": ["long_input"], "properties": {"long_input": {"const": "late_chunk"}}}}
+
+
+def one_vector_an_input(option: dict[str, Any]) -> dict[str, Any]:
+    """The options of a route that answers a vector per input (TEI's): no late chunking."""
+    long_input = {**option["long_input"], "enum": [value for value in option["long_input"]["enum"]
+                                                   if value != "late_chunk"]}
+    return {**option, "long_input": long_input,
+            "chunk_spans": {"type": "null", "description": "late chunking's: not on this route"}}
 
 
 def quantizing_needs_normalizing(model: ServedModel) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from embedserve.handler.routes.base import RouteSpec, describing, embedding_requ
 from embedserve.handler.routes.openai import encode_vector
 from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMBED_OPTIONS, OPTION_NOTES,
                                               TOKENIZE_ERRORS, TOKENIZE_OPTIONS, ServedModel, error_responses, examples,
-                                              many, operation, options, quantizing_needs_normalizing, ref,
+                                              many, one_vector_an_input, operation, options,
+                                              quantizing_needs_normalizing, ref,
                                               scoring_option_schemas)
 from embedserve.handler.tasks.embed import (IGNORED_FIELDS, OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,
                                             parse_options)
@@ -198,13 +199,15 @@ def _checked_only(key: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def schemas(model: ServedModel) -> dict[str, Any]:
-    settings, option, many_ = model.settings, options(model), many(model)
+    settings, many_ = model.settings, many(model)
+    option = options(model)
+    answered = one_vector_an_input(option)  # TEI's answers: a vector per input
     # OpenAI's `model` and `user`, checked to be strings on every embedding route (routes/base.py), then ignored.
     ignored = {key: {"type": ["string", "null"], "description": OPTION_NOTES[key]} for key in IGNORED_FIELDS}
     found = {
         "TEIEmbedRequest": {
             "type": "object", "required": ["inputs"],
-            "properties": {"inputs": ref("TEIInputs"), **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
+            "properties": {"inputs": ref("TEIInputs"), **{key: answered[key] for key in EMBED_OPTIONS}, **ignored},
             **quantizing_needs_normalizing(model)},
         "SimilarityRequest": {
             "type": "object", "required": ["inputs"],
@@ -212,7 +215,7 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                 "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
                     "source_sentence": ref("Text"),
                     "sentences": {**many_, "maxItems": settings.max_inputs_per_request - 1, "items": ref("Text")}}},
-                **{key: option[key] for key in EMBED_OPTIONS if key not in ("output_dtype", "encoding_format")},
+                **{key: answered[key] for key in EMBED_OPTIONS if key not in ("output_dtype", "encoding_format")},
                 **{key: {"enum": [OPTION_TYPES[key][1][0], None], "description": "only the default: the answer is "
                                                                                  "cosines"}
                    for key in ("output_dtype", "encoding_format")}, **ignored}},

@@ -18,11 +18,10 @@ import torch
 
 from embedserve.handler.api.errors import RequestError, internal_error, out_of_memory, too_large
 from embedserve.handler.model.description import Task
-from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.model.inputs import ModelInput, distinct_tokens
 from embedserve.handler.model.tokenization import TextTokenizer
 from embedserve.handler.scheduling.admission import WorkBudget, max_request_tokens
 from embedserve.handler.settings import Settings
-from embedserve.handler.tasks.chunking import distinct_tokens
 from embedserve.handler.worker.failures import log_failure
 
 
@@ -59,7 +58,7 @@ class Job:
     def tokens(self) -> int:
         if self.computed:
             return self.computed[1]
-        return distinct_tokens(self.inputs) if self.spans is not None else sum(len(item) for item in self.inputs)
+        return distinct_tokens(self.inputs)
 
 
 # One request's model outputs (vectors or logits) and its inputs that did not fit in memory even

@@ -107,11 +107,6 @@ class Span:
     chars: tuple[int, int] | None
 
 
-def distinct_tokens(inputs: Sequence[ModelInput]) -> int:
-    """The tokens late chunked inputs cost: each distinct window once, as its spans share its pass."""
-    return sum(len(ids) for ids in {tuple(item.ids) for item in inputs})
-
-
 def fixed_spans(length: int, size: int) -> list[tuple[int, int]]:
     """Runs of `size` text tokens, the last one shorter; one empty span for an empty text."""
     return [(start, min(start + size, length)) for start in range(0, length, size)] or [(0, 0)]

@@ -135,3 +135,21 @@ def test_spans_count_in_the_limits_and_are_cached_apart(tiny_model_dir):
     vectors = [item["embedding"] for item in json.loads(first.body)["data"]]
     assert second.body == first.body and report.cache_misses == 0
     assert len({tuple(np.round(v, 6)) for v in vectors}) == len(vectors) >= 5  # spans of one window, each its own
+
+
+def test_the_document_says_where_late_chunking_applies(service, tmp_path):
+    import jsonschema
+
+    schemas = service.openapi()["components"]["schemas"]
+    embed = {"$defs": schemas, **schemas["EmbeddingRequest"]}
+    embed = json.loads(json.dumps(embed).replace("#/components/schemas/", "#/$defs/"))
+    valid = jsonschema.Draft202012Validator(embed).is_valid
+    assert valid({"input": "a", "long_input": "late_chunk", "chunk_spans": [[[0, 1]]], "chunk_size": 44})
+    assert not valid({"input": "a", "chunk_spans": [[[0, 1]]]}) and not valid({"input": "a", "chunk_size": 45})
+    tei = schemas["TEIEmbedRequest"]["properties"]
+    assert "late_chunk" not in tei["long_input"]["enum"] and tei["chunk_spans"] == {
+        "type": "null", "description": "late chunking's: not on this route"}
+    cls = assemble(make_tiny_model(tmp_path / "cls", pooling="cls"), Settings(dtype="float32"), model_name="cls",
+                   warm=False)
+    assert cls.openapi()["components"]["schemas"]["EmbeddingRequest"]["properties"]["long_input"]["enum"] == [
+        "truncate", "chunk", None]
