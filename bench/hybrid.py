@@ -142,9 +142,10 @@ def server_cpu_seconds(server: TorchServe) -> tuple[float, float]:
             sum(sum(process.cpu_times()[:2]) for process in frontend.children(recursive=True)))
 
 
-def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: float) -> dict:
+def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: float,
+           build_args: tuple[str, ...] = ()) -> dict:
     """The default build of the model on a TorchServe of its own: load runs, and its outputs."""
-    with serve_model(model_dir, NAME, "the hybrid model") as server:
+    with serve_model(model_dir, NAME, "the hybrid model", build_args) as server:
         url = f"{server.url('inference')}/predictions/{NAME}"
         auth = server.auth()
         info = requests.get(f"{url}/1.0/info", headers=auth, timeout=60).json()
@@ -238,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.hybrid", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per load run")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--build-arg", action="append", default=[], dest="build_args",
+                        help="a build_mar argument beyond the default build's (repeatable: --build-arg=--batch-size=8)")
     args = parser.parse_args(argv)
-    results = measure(args.seconds)
+    results = measure(args.seconds, tuple(args.build_args))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "hybrid.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results["targets"], indent=2))
@@ -247,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(seconds: float) -> dict:
+def measure(seconds: float, build_args: tuple[str, ...] = ()) -> dict:
     threads = os.cpu_count() or 1
     load_before, started = os.getloadavg(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-hybrid-model-") as tmp:
@@ -259,7 +262,7 @@ def measure(seconds: float) -> dict:
         print("in-process M3Embedder.encode ...", file=sys.stderr)
         reference, encoded = in_process(model_dir, texts, threads)
         print("served ...", file=sys.stderr)
-        serving = served(model_dir, texts, token_counts, seconds)
+        serving = served(model_dir, texts, token_counts, seconds, build_args)
         checked = agreement(encoded, serving.pop("items"))
     results = {
         "machine": {"lscpu_model_name": lscpu_model_name(), "cpu": describe_cpu(), "threads": threads,
@@ -280,6 +283,7 @@ def measure(seconds: float) -> dict:
         "served": serving,
         "agreement": checked,
         "wall_s": round(time.perf_counter() - started),
+        "build_args": list(build_args),
     }
     results["targets"] = targets(results)
     return results

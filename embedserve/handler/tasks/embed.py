@@ -168,7 +168,8 @@ def parse_options(payload: dict[str, Any]) -> Options:
 
 
 def parse_spans(value: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
-    """`chunk_spans`: for each input, a non-empty list of [start, end) character ranges."""
+    """`chunk_spans`: for each input, a non-empty list of [start, end) character ranges. Their
+    type only, as for every option: what they must be against the inputs is the embed task's."""
     if value is None:
         return None
     if not isinstance(value, list) or not value:
@@ -182,8 +183,8 @@ def parse_spans(value: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
         spans = []
         for j, pair in enumerate(ranges):
             bounds = [as_int(number) for number in pair] if isinstance(pair, list) and len(pair) == 2 else None
-            if bounds is None or None in bounds or not 0 <= bounds[0] < bounds[1]:
-                raise malformed(f"'chunk_spans[{i}][{j}]' must be [start, end], integers with 0 <= start < end, got "
+            if bounds is None or None in bounds or min(bounds) < 0:
+                raise malformed(f"'chunk_spans[{i}][{j}]' must be [start, end], two non-negative integers, got "
                                 f"{short(pair)}", param=f"chunk_spans[{i}][{j}]")
             spans.append((bounds[0], bounds[1]))
         parsed.append(tuple(spans))
@@ -381,6 +382,9 @@ class EmbedTask:
             if options.chunk_spans is not None:
                 ranges = options.chunk_spans[i]
                 for j, (start, end) in enumerate(ranges):
+                    if start >= end:
+                        raise unprocessable(f"'chunk_spans[{i}][{j}]' [{start}, {end}) is empty: a range needs start "
+                                            "< end", param=f"chunk_spans[{i}][{j}]")
                     if end > len(texts[i]):
                         raise unprocessable(f"'chunk_spans[{i}][{j}]' ends at character {end}, past the end of "
                                             f"'{request.param(i)}' ({len(texts[i])} characters)",

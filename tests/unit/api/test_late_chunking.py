@@ -95,6 +95,7 @@ def test_token_ids_dimensions_and_dtypes(service, st_model):
     ({"chunk_size": 47}, 400, "chunk_size", "at most 44"),
     ({"chunk_spans": [[[0, 4]]]}, 400, "chunk_spans", "applies to"),
     ({"long_input": "late_chunk", "chunk_spans": [[[5, 2]]]}, 400, "chunk_spans[0][0]", "start < end"),
+    ({"long_input": "late_chunk", "chunk_spans": [[[-1, 2]]]}, 400, "chunk_spans[0][0]", "non-negative"),
     ({"long_input": "late_chunk", "chunk_spans": [[[0, 4]], [[0, 1]]]}, 400, "chunk_spans", "one per input"),
     ({"long_input": "late_chunk", "chunk_spans": "x"}, 400, "chunk_spans", "non-empty list"),
     ({"long_input": "late_chunk", "chunk_spans": [[[0, 100000]]]}, 400, "chunk_spans[0][0]", "past the end"),
