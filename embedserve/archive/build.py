@@ -52,6 +52,8 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe acce
 TS_DEFAULT_BODY_BYTES = 6_553_600  # TorchServe's max_request_size and max_response_size
 SPARSE_ENTRIES = 512  # the entries per input a sparse model's largest answer is sized for
 HYBRID_ANSWERS = 8  # a hybrid model's largest answer, in dense answers
+BATCH_SIZE = 32  # requests per TorchServe batch
+TOKEN_VECTORS_BATCH_SIZE = 8  # for models answering a vector per token (default_batch_size)
 
 
 class BuildError(RuntimeError):
@@ -70,7 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--max-length", type=int, default=0, help="tokens per input (0: the model's limit)")
     p.add_argument("--no-normalize", action="store_true", help="return unnormalized embeddings")
-    p.add_argument("--batch-size", type=int, default=32, help="requests per TorchServe batch")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"requests per TorchServe batch (default {BATCH_SIZE}; {TOKEN_VECTORS_BATCH_SIZE} for models "
+                        "answering a vector per token: hybrid, multi-vector)")
     p.add_argument("--max-batch-delay", type=int, default=1,
                    help="ms TorchServe waits to fill a batch (>= 1; under load batches fill without waiting)")
     p.add_argument("--workers", type=int, default=0, help="workers per model (0: 2 per GPU, else up to 2)")
@@ -119,6 +123,8 @@ def build(args: argparse.Namespace) -> Path:
         write_metrics_config(stage / METRICS_FILE)
         config = render_model_config(args, workers, model_id=_model_id(args), revision=weights_revision(stage / "model"))
         description = describe_model(stage / "model").served_with(config["handler"]["pooling"])
+        if args.batch_size is None:
+            config["batchSize"] = default_batch_size(description.m3 is not None or description.multi_vector is not None)
         dimension = description.dimension
         scoring = description.scoring
         sparse = description.sparse
@@ -240,7 +246,7 @@ def _relative_to_config(path: Path, config: Path) -> str:
 
 def _check_numbers(args: argparse.Namespace) -> None:
     for option in ("batch_size", "response_timeout", "startup_timeout"):
-        if getattr(args, option) < 1:
+        if getattr(args, option) is not None and getattr(args, option) < 1:
             raise BuildError(f"--{option.replace('_', '-')} must be >= 1")
     for option in ("workers", "max_length"):
         if getattr(args, option) < 0:
@@ -314,9 +320,20 @@ def serves_onnx(handler: dict) -> bool:
             and not handler.get("compile") and handler.get("packed") is not True)
 
 
+def default_batch_size(token_vectors: bool) -> int:
+    """Requests per TorchServe batch where the build is not told: fewer for models whose answers
+    hold a vector per token. TorchServe's frontend reads a batch's answers as one message and, at
+    every chunk of it that arrives, parses it again from its start, copying each answer already
+    whole (its ModelResponseDecoder): its work grows with the square of a batch's bytes. A
+    ColBERT answer is some 60 times a dense one (a vector per token), so at 32 requests a batch the
+    frontend spent 27.5 ms of CPU a text on bge-m3's three outputs in JSON, 7.9 ms at 8
+    (docs/performance.md); a pass still holds 8 requests' texts."""
+    return TOKEN_VECTORS_BATCH_SIZE if token_vectors else BATCH_SIZE
+
+
 def render_model_config(args: argparse.Namespace, workers: int, model_id: str = "", revision: str = "") -> dict:
     config = yaml.safe_load(TEMPLATE.read_text())
-    config.update(minWorkers=workers, maxWorkers=workers, batchSize=args.batch_size,
+    config.update(minWorkers=workers, maxWorkers=workers, batchSize=args.batch_size or BATCH_SIZE,
                   maxBatchDelay=args.max_batch_delay, responseTimeout=args.response_timeout,
                   startupTimeout=args.startup_timeout)
     config["handler"].update(device=args.device, dtype=args.dtype, pooling=args.pooling,

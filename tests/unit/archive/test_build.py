@@ -81,6 +81,18 @@ def test_rebuilding_a_version_replaces_it(tiny_model_dir, config):
     assert models_of(config)["tiny"]["1.0"]["batchSize"] == 9
 
 
+def test_models_answering_a_vector_per_token_batch_fewer_requests(tiny_model_dir, tmp_path, config):
+    """TorchServe's frontend parses a batch's answers again at every chunk that arrives: the build
+    keeps batches of token vectors small unless told (embedserve/archive/build.py)."""
+    from tests.support.multi_vector_models import make_colbert
+
+    assert run_build(config, "--model", str(make_colbert(tmp_path / "colbert")), "--name", "colbert") == 0
+    assert run_build(config, "--model", str(tiny_model_dir), "--name", "tiny") == 0
+    assert models_of(config)["colbert"]["1.0"]["batchSize"] == 8 and models_of(config)["tiny"]["1.0"]["batchSize"] == 32
+    assert run_build(config, "--model", str(tmp_path / "colbert"), "--name", "colbert", "--batch-size", "16") == 0
+    assert models_of(config)["colbert"]["1.0"]["batchSize"] == 16
+
+
 def test_pickled_weights_are_converted_to_safetensors(tmp_path, config):
     source = make_tiny_model(tmp_path / "bin_model", weights="bin", seed=3)
     reference = make_tiny_model(tmp_path / "st_model", seed=3)
