@@ -181,6 +181,14 @@ def _check_vectors(served: Served, model: str, call: Call, answer) -> str | None
         if not all(isinstance(item.get("windows"), int) and item["windows"] >= 1 for item in answer["data"]):
             return f"a chunked answer without each input's windows: {answer!r:.300}"
         answer = {**answer, "data": [{k: v for k, v in item.items() if k != "windows"} for item in answer["data"]]}
+    if isinstance(answer, dict) and body.get("long_input") == "late_chunk":  # an item a span, saying where it is
+        items, spans = answer["data"], ("input", "tokens", "chars")
+        owners = [item.get("input") for item in items]
+        if owners != sorted(owners) or set(owners) != set(range(count)) or \
+                not all(len(item.get("tokens") or ()) == 2 and "chars" in item for item in items):
+            return f"a late chunked answer without each span's input, tokens and chars: {answer!r:.300}"
+        answer, count = {**answer, "data": [{k: v for k, v in item.items() if k not in spans} for item in items]}, \
+            len(items)
     if isinstance(answer, dict) and any(set(item) - {"object", "index", "embedding"} for item in answer["data"]):
         return _check_hybrid(served, model, call, answer)
     first = answer["data"][0]["embedding"] if isinstance(answer, dict) else answer[0]
