@@ -103,12 +103,14 @@ class PaddedBackend:
         shared = None
         if ends.any():  # spans of late chunking: attended to, pooled only within the span
             mask[real & (ends[:, None] > 0) & (positions >= ends[:, None])] = TokenRole.PROMPT
-            shared = self._shared(ids)
+            shared = self._shared(ids, real)
         return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device), shared)
 
-    def _shared(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The distinct rows of a pass and which one each row is, where some repeat."""
-        _, first, source = np.unique(ids, axis=0, return_index=True, return_inverse=True)
+    def _shared(self, ids: np.ndarray, real: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The distinct rows of a pass and which one each row is, where some repeat: the same ids
+        over the same length (a row whose last token is the padding id is not a shorter one)."""
+        rows = np.concatenate([ids, real.astype(np.int64)], axis=1)
+        _, first, source = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         if len(first) == len(ids):
             return None
         return to_device(first.astype(np.int64), self.device), to_device(source.reshape(-1).astype(np.int64),

@@ -146,6 +146,11 @@ def test_a_late_chunk_span_pools_as_the_padded_pass_does():
     shared = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
                            device=torch.device("cpu"), facts={}).prepare([rows[0], rows[2], rows[0]])
     assert shared.shared is not None and shared.shared[0].tolist() == [0, 1] and shared.shared[1].tolist() == [0, 1, 0]
+    # A row ending in the padding id is not a shorter row padded: the same ids, another length.
+    ends_in_pad = ModelInput([3, 4, 0], unpooled=1, pooled_end=2)
+    apart = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
+                          device=torch.device("cpu"), facts={}).prepare([ends_in_pad, ModelInput([3, 4], 1, 0, 0, 2)])
+    assert apart.shared is None
 
 
 def tiny_roberta():
