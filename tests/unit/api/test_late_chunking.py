@@ -154,3 +154,16 @@ def test_the_document_says_where_late_chunking_applies(service, tmp_path):
                    warm=False)
     assert cls.openapi()["components"]["schemas"]["EmbeddingRequest"]["properties"]["long_input"]["enum"] == [
         "truncate", "chunk", None]
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "openvino"])
+def test_the_cpu_engines_late_chunk_as_torch_does(onnx_model_dir, st_model, engine):
+    """The default build's CPU engines run the shared passes too: the same spans, the same vectors."""
+    pytest.importorskip(engine)
+    svc = assemble(onnx_model_dir, Settings(dtype="float32", engine=engine), model_name="tiny", warm=False)
+    assert svc.info()["engine"] == engine
+    status, answer = call(svc, "v1/embeddings", {"input": [SHORT, LONG[:400]], "long_input": "late_chunk",
+                                                 "chunk_size": 6})
+    assert status == 200, answer
+    check(answer, late_reference(st_model, SHORT, svc.text.max_length, size=6))
+    check(answer, late_reference(st_model, LONG[:400], svc.text.max_length, size=6), owner=1)
