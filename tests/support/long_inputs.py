@@ -5,9 +5,12 @@ their mean weighted by each window's text tokens is normalized here."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
+from embedserve.handler.api.exchange import RawRequest
 from tests.support.inputs import varied_texts
 
 LONG = " ".join(varied_texts(60, seed=3))  # hundreds of tokens: many windows of the tiny model's 48
@@ -29,6 +32,12 @@ def reference(st_model, text: str, max_length: int, overlap: int = 0, prompt: st
         weights.append(len(ids[start:start + room]))
     mean = np.average(np.stack(vectors), axis=0, weights=weights)
     return mean / np.linalg.norm(mean), len(starts)
+
+
+def call(service, route: str, body: dict) -> tuple[int, dict]:
+    """One JSON request through an in-process service: its status and its answer."""
+    [response] = service.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
+    return response.status, json.loads(response.body)
 
 
 def cosine(a, b) -> float:

@@ -434,7 +434,8 @@ class EmbedTask:
         options = request.options
         if options.chunk_size is not None and options.chunk_size > self.max_chunk_size:
             raise unprocessable(f"'chunk_size' must be at most {self.max_chunk_size}, the tokens of text a window "
-                                f"holds beside the model's longest prompt, got {options.chunk_size}", param="chunk_size")
+                                f"holds beside the model's longest prompt, got {options.chunk_size}",
+                                param="chunk_size")
         if options.long_input != "late_chunk":
             if options.chunk_spans is not None:
                 raise unprocessable("'chunk_spans' applies to \"long_input\": \"late_chunk\"", param="chunk_spans")

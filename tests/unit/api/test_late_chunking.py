@@ -13,27 +13,10 @@ import pytest
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.assembly import assemble
 from embedserve.handler.settings import Settings
-from tests.support.long_inputs import LONG, cosine, late_reference
+from tests.support.long_inputs import LONG, call, cosine, late_reference
 from tests.support.tiny_model import make_tiny_model
 
 SHORT = "The cat sat on the mat. It was warm there, and it slept."
-
-
-@pytest.fixture(scope="module")
-def service(tiny_model_dir):
-    return assemble(tiny_model_dir, Settings(dtype="float32"), model_name="tiny", warm=True)
-
-
-@pytest.fixture(scope="module")
-def st_model(tiny_model_dir):
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(tiny_model_dir), device="cpu")
-
-
-def call(svc, route, body):
-    [response] = svc.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
-    return response.status, json.loads(response.body)
 
 
 def check(answer, expected, owner=0):

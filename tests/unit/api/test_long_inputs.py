@@ -12,25 +12,8 @@ import pytest
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.assembly import assemble
 from embedserve.handler.settings import Settings
-from tests.support.long_inputs import LONG, cosine, reference
+from tests.support.long_inputs import LONG, call, cosine, reference
 from tests.support.sparse_models import make_splade
-
-
-@pytest.fixture(scope="module")
-def service(tiny_model_dir):
-    return assemble(tiny_model_dir, Settings(dtype="float32"), model_name="tiny", warm=True)
-
-
-@pytest.fixture(scope="module")
-def st_model(tiny_model_dir):
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(tiny_model_dir), device="cpu")
-
-
-def call(svc, route, body):
-    [response] = svc.handle([RawRequest(json.dumps(body).encode(), "application/json", route)])
-    return response.status, json.loads(response.body)
 
 
 @pytest.mark.parametrize("overlap", [0, 7])
