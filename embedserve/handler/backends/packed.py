@@ -43,26 +43,51 @@ class PackedBackend:
     def prepare(self, rows: Sequence[ModelInput]) -> PackedInputs:
         if any(row.second for row in rows):  # select.py never packs a scoring model
             raise ValueError("packed passes carry no token types")
+        if any(row.pooled_end for row in rows):
+            return self._spans(rows)
         packed = pack([row.ids for row in rows], self.device)
         unpooled = np.fromiter((row.unpooled for row in rows), dtype=np.int64, count=len(rows))
         prompts = to_device(unpooled, self.device) if unpooled.any() else None
-        ends = np.fromiter((row.pooled_end for row in rows), dtype=np.int64, count=len(rows))
-        spans = to_device(ends, self.device) if ends.any() else None  # late chunking's: each span its own pass row
-        return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts, spans)
+        return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, prompts)
+
+    def _spans(self, rows: Sequence[ModelInput]) -> PackedInputs:
+        """Late chunking's spans (model/inputs.py): each distinct row packed once, and where each
+        row's pooled tokens sit in the pass (from `unpooled` to `pooled_end`, or its end)."""
+        distinct: dict[tuple[int, ...], int] = {}
+        for row in rows:
+            distinct.setdefault(tuple(row.ids), len(distinct))
+        packed = pack(list(distinct), self.device)
+        starts = np.cumsum([0, *map(len, distinct)])[:-1]
+        first = np.array([starts[distinct[tuple(row.ids)]] + min(row.unpooled, len(row)) for row in rows],
+                         dtype=np.int64)
+        last = np.array([starts[distinct[tuple(row.ids)]] + (row.pooled_end or len(row)) for row in rows],
+                        dtype=np.int64)
+        positions = np.concatenate([np.arange(a, b) for a, b in zip(first, last)])
+        offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum(last - first, out=offsets[1:])
+        return PackedInputs(packed.ids, packed.cu_seqlens, packed.max_len, None,
+                            (to_device(positions, self.device), to_device(offsets, self.device)))
 
     def run(self, inputs: PackedInputs, *, eager: bool = False) -> torch.Tensor:
         """-> (n, dimension) float32, in the order of the pass's rows."""
-        return self.run_eager(inputs) if self.graphs is None or eager else self.graphs.run(inputs)
+        # A graph was captured for a row pooled per input: spans run eagerly.
+        return self.run_eager(inputs) if self.graphs is None or eager or inputs.spans is not None \
+            else self.graphs.run(inputs)
 
     def run_eager(self, inputs: PackedInputs) -> torch.Tensor:
         hidden = self.transformer(inputs.ids, inputs.cu_seqlens, inputs.max_len)  # (total, hidden)
-        pooled = pool_packed(hidden, inputs.cu_seqlens, inputs.unpooled, self.modes,
-                             inputs.pooled_end)  # (n, hidden * modes)
+        if inputs.spans is not None:  # each span's tokens gathered, pooled as an input of its own
+            positions, offsets = inputs.spans
+            pooled = pool_packed(hidden[positions], offsets, None, self.modes)
+        else:
+            pooled = pool_packed(hidden, inputs.cu_seqlens, inputs.unpooled, self.modes)  # (n, hidden * modes)
         return pooled if self.head is None else self.head(pooled)
 
     def computed_tokens(self, inputs: PackedInputs) -> int:
         """Real tokens only, but for the padding of the graph that replays the pass."""
-        return inputs.ids.numel() if self.graphs is None else self.graphs.computed_tokens(inputs)
+        if self.graphs is None or inputs.spans is not None:
+            return inputs.ids.numel()
+        return self.graphs.computed_tokens(inputs)
 
     @property
     def thread_counts(self) -> None:

@@ -22,7 +22,6 @@ laid out in the graph's static buffers as:
                                  most max_len tokens each), then zero-length inputs up to the
                                  slots (cu_seqlens repeats the size)
     unpooled    (slots,)         the pass's prompt counts, then zeros
-    pooled_end  (slots,)         where each input's pooling stops (a late chunk's span), 0 its end
     max_len                      fixed per graph: the longest input it takes
 
 where slots = the tier's inputs + the padding inputs the size's spare tokens need. Every token
@@ -160,10 +159,9 @@ class PackedGraph(StaticPass):
         # computes (warm-up measures its memory, capture records it).
         self.cu_seqlens = to_device(np.concatenate([np.zeros(1, dtype=np.int32), self._tail(0, 0)]), device)
         self.unpooled = torch.zeros(self.slots, dtype=torch.long, device=device)
-        self.pooled_end = torch.zeros(self.slots, dtype=torch.long, device=device)
 
     def compute(self) -> torch.Tensor:
-        return self.forward(PackedInputs(self.ids, self.cu_seqlens, self.max_len, self.unpooled, self.pooled_end))
+        return self.forward(PackedInputs(self.ids, self.cu_seqlens, self.max_len, self.unpooled))
 
     def holds(self, inputs: PackedInputs) -> bool:
         count, total = inputs.cu_seqlens.numel() - 1, inputs.ids.numel()
@@ -182,9 +180,6 @@ class PackedGraph(StaticPass):
         self.unpooled.zero_()
         if inputs.unpooled is not None:
             self.unpooled[:count].copy_(inputs.unpooled)
-        self.pooled_end.zero_()
-        if inputs.pooled_end is not None:
-            self.pooled_end[:count].copy_(inputs.pooled_end)
         self.replay()
         return self.output[:count]
 

@@ -300,24 +300,18 @@ class PackedTransformer:
 
 
 def pool_packed(hidden: torch.Tensor, cu_seqlens: torch.Tensor, unpooled: Sequence[int] | torch.Tensor | None,
-                modes: Sequence[str], pooled_end: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+                modes: Sequence[str]) -> torch.Tensor:
     """(total, hidden) packed states -> (n, hidden * len(modes)) float32, as embedserve/handler/model/pooling.py's
     `pool` on the same inputs padded. `unpooled[i]`: how many of input i's first tokens are left
-    out of pooling (an excluded prompt; they were attended to); `pooled_end[i]`, where not 0: where
-    its pooling stops (a late chunk's span; the tokens after it were attended to). The span's ends
-    bound mean and max; cls and last_token take the input's first pooled and last token."""
+    out of pooling (an excluded prompt; they were attended to)."""
     states = hidden.to(torch.float32)
     segments = Segments.of(cu_seqlens, hidden.shape[0])
     count, width = len(segments.lengths), hidden.shape[1]
     skipped = torch.zeros_like(segments.lengths) if unpooled is None else \
         torch.as_tensor(unpooled, dtype=torch.int64, device=hidden.device).clamp(max=segments.lengths)
-    ends = segments.lengths
-    if pooled_end is not None:
-        given = torch.as_tensor(pooled_end, dtype=torch.int64, device=hidden.device)
-        ends = torch.where(given > 0, given.clamp(max=segments.lengths), segments.lengths)
-    pooled = (segments.position >= skipped[segments.index]) & (segments.position < ends[segments.index])  # (total,)
+    pooled = segments.position >= skipped[segments.index]  # (total,)
     weights = pooled.to(torch.float32).unsqueeze(1)  # (total, 1)
-    pooled_count = (ends - skipped).to(torch.float32).clamp(min=1e-9).unsqueeze(1)  # (n, 1)
+    pooled_count = (segments.lengths - skipped).to(torch.float32).clamp(min=1e-9).unsqueeze(1)  # (n, 1)
 
     def segment_sum(values: torch.Tensor) -> torch.Tensor:  # (total, k) -> (n, k)
         return values.new_zeros(count, values.shape[1]).index_add_(0, segments.index, values)
@@ -351,4 +345,7 @@ class PackedInputs(NamedTuple):
     cu_seqlens: torch.Tensor  # (n + 1,) int32
     max_len: int
     unpooled: torch.Tensor | None  # (n,) int64 leading tokens left out of pooling; None: all pooled
-    pooled_end: torch.Tensor | None = None  # (n,) int64 where pooling stops (0: the input's end); None: the ends
+    # Late chunking: the pass's distinct rows are packed, and each span is pooled from its row's
+    # states: (span tokens,) int64 positions in the pass, span after span, and their offsets
+    # ((spans + 1,) int32); None: a row pooled per input.
+    spans: tuple[torch.Tensor, torch.Tensor] | None = None

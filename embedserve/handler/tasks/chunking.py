@@ -17,7 +17,7 @@ tokens, or the caller's character ranges (`chunk_spans`). An input that fits the
 a longer one is cut into windows of the model's length, each holding whole spans and, before its
 first, up to `chunk_overlap` tokens of the text before them as context. Each span is one model
 input: its window's ids, pooled from its first token to its last (ModelInput.unpooled and
-pooled_end); the spans of one window share one forward pass (backends/padded.py). The vector is
+pooled_end); the spans of one window share one forward pass (backends/padded.py, packed.py). The vector is
 the pipeline's after pooling (its Dense layers), then the answer's normalization. It needs
 pooling over tokens (mean, max): a CLS or last-token vector has no span.
 """

@@ -150,3 +150,15 @@ def test_the_cpu_engines_late_chunk_as_torch_does(onnx_model_dir, st_model, engi
     assert status == 200, answer
     check(answer, late_reference(st_model, SHORT, svc.text.max_length, size=6))
     check(answer, late_reference(st_model, LONG[:400], svc.text.max_length, size=6), owner=1)
+
+
+def test_packed_passes_late_chunk_as_padded_ones_do(tiny_model_dir, st_model):
+    """Packed passes (a GPU worker's default, run here on the CPU) pack each window once and pool
+    its spans from it, as padded passes do."""
+    svc = assemble(tiny_model_dir, Settings(dtype="float32", packed=True), model_name="tiny", warm=False)
+    assert svc.info()["layout"] == "packed"
+    status, answer = call(svc, "v1/embeddings", {"input": [SHORT, LONG[:400], "plain"], "long_input": "late_chunk",
+                                                 "chunk_size": 5, "chunk_overlap": 4})
+    assert status == 200, answer
+    for owner, text in enumerate([SHORT, LONG[:400], "plain"]):
+        check(answer, late_reference(st_model, text, svc.text.max_length, size=5, context=4), owner=owner)

@@ -125,31 +125,31 @@ def test_pooling_on_given_states_equals_pool_exactly():
     torch.testing.assert_close(got, pool(hidden, mask, POOLING_MODES), rtol=1e-6, atol=1e-6)
 
 
-def test_a_late_chunk_span_pools_as_the_padded_pass_does():
-    """Late chunking's spans (unpooled to pooled_end) on packed states equal pool on padded ones, and
-    the padded and packed backends' prepared masks agree (mean, max, sqrt-len: the span poolings)."""
-    torch.manual_seed(0)
-    lengths, starts, ends = [9, 6, 12, 4], [2, 1, 5, 0], [5, 0, 11, 4]  # 0: to the input's end
-    hidden = torch.randn(len(lengths), max(lengths), 16)
-    mask = torch.zeros(hidden.shape[:2], dtype=torch.long)
-    for row, (length, start, end) in enumerate(zip(lengths, starts, ends)):
-        mask[row, :length] = PROMPT
-        mask[row, start:end or length] = POOLED
-    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+def test_late_chunk_spans_pool_alike_packed_and_padded(models):
+    """Late chunking's spans (ModelInput.unpooled to pooled_end) of shared windows, beside a plain
+    input: the packed backend packs each distinct window once and pools every span from it, equal to
+    the padded backend, which runs each distinct row once too (mean, max, sqrt-len: span poolings)."""
+    model = models["bert_dense"]
+    window, other, plain = random_rows(model, [20, 12, 9])
+    rows = [ModelInput(window, unpooled=1, pooled_end=6), ModelInput(window, unpooled=6, pooled_end=19),
+            ModelInput(other, unpooled=3, pooled_end=7), ModelInput(plain), ModelInput(window, unpooled=1,
+                                                                                      pooled_end=6)]
     modes = ("mean", "max", "mean_sqrt_len_tokens")
-    got = pool_packed(hidden[mask.bool()], cu_seqlens, starts, modes, ends)
-    torch.testing.assert_close(got, pool(hidden, mask, modes), rtol=1e-6, atol=1e-6)
-    rows = [ModelInput(list(range(3, 3 + n)), unpooled=a, pooled_end=b) for n, a, b in zip(lengths, starts, ends)]
-    padded = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
-                           device=torch.device("cpu"), facts={}).prepare(rows)
-    assert torch.equal(padded.mask, mask) and padded.shared is None
-    shared = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
-                           device=torch.device("cpu"), facts={}).prepare([rows[0], rows[2], rows[0]])
-    assert shared.shared is not None and shared.shared[0].tolist() == [0, 1] and shared.shared[1].tolist() == [0, 1, 0]
+    packed = PackedBackend(PackedTransformer(model), modes, None)
+    inputs = packed.prepare(rows)
+    assert inputs.ids.numel() == 20 + 12 + 9 and packed.computed_tokens(inputs) == 41  # each window once
+    padded = PaddedBackend(lambda ids, mask, segments: model(input_ids=ids, attention_mask=mask).last_hidden_state,
+                           modes=modes, head=None, pad_id=model.config.pad_token_id, pad_multiple=1,
+                           device=torch.device("cpu"), facts={})
+    laid_out = padded.prepare(rows)
+    assert laid_out.shared[0].numel() == 3 and padded.computed_tokens(laid_out) == 3 * 20
+    assert_rows_close(packed.run(inputs), padded.run(laid_out))
+    got = packed.run(inputs)
+    assert torch.equal(got[0], got[4]) and not torch.allclose(got[0], got[1])
     # A row ending in the padding id is not a shorter row padded: the same ids, another length.
     ends_in_pad = ModelInput([3, 4, 0], unpooled=1, pooled_end=2)
-    apart = PaddedBackend(lambda *a: None, modes=modes, head=None, pad_id=0, pad_multiple=1,
-                          device=torch.device("cpu"), facts={}).prepare([ends_in_pad, ModelInput([3, 4], 1, 0, 0, 2)])
+    apart = PaddedBackend(None, modes=modes, head=None, pad_id=0, pad_multiple=1, device=torch.device("cpu"),
+                          facts={}).prepare([ends_in_pad, ModelInput([3, 4], 1, 0, 0, 2)])
     assert apart.shared is None
 
 
