@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from embedserve.handler.api.errors import unprocessable
@@ -114,13 +115,19 @@ def fixed_spans(length: int, size: int) -> list[tuple[int, int]]:
 
 def char_spans(ranges: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, int]], param: str
                ) -> list[tuple[int, int]]:
-    """Each character range [start, end) as the text tokens whose characters it overlaps."""
+    """Each character range [start, end) as the text tokens whose characters it overlaps: from the
+    first token ending after `start` to the last starting before `end` (binary searches, so that
+    many ranges over a long text cost little)."""
+    places = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    ends = np.maximum.accumulate(places[:, 1]) if len(places) else places[:, 1]  # non-decreasing
+    starts = np.minimum.accumulate(places[::-1, 0])[::-1] if len(places) else places[:, 0]
     spans = []
     for j, (start, end) in enumerate(ranges):
-        hit = [i for i, (first, last) in enumerate(offsets) if first < end and last > start]
-        if not hit:
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(starts, end, side="left"))  # one past the last token starting before `end`
+        if first >= last:
             raise unprocessable(f"'{param}[{j}]' [{start}, {end}) holds no token of the text", param=f"{param}[{j}]")
-        spans.append((hit[0], hit[-1] + 1))
+        spans.append((first, last))
     return spans
 
 
@@ -133,18 +140,16 @@ def late_chunk(tokenizer: TextTokenizer, body: Sequence[int], spans: Sequence[tu
     room = text_room(tokenizer, max_length, prompt_tokens)
     prompt, text = list(body[:prompt_tokens]), list(body[prompt_tokens:])
     lead = len(tokenizer.prefix) + prompt_tokens  # window positions before its text
-    start = 0
+    start, ids = 0, None
     inputs = []
     for j, (first, last) in enumerate(spans):
         if last - first > room:
             raise unprocessable(f"'{param}[{j}]' spans {last - first} tokens; a span must fit one window of "
                                 f"{room} tokens of text (the max input length {max_length} less the special tokens "
                                 "and the prompt)", param=f"{param}[{j}]")
-        if first < start or last > start + room:  # a new window: the span with context before it
-            start = max(0, min(first - context, len(text) - room))
-            start = max(start, last - room)
-        window = text[start:start + room]
-        ids = tokenizer.prefix + prompt + window + tokenizer.suffix
+        if ids is None or first < start or last > start + room:  # a new window: the span with context before it
+            start = max(0, min(first - context, len(text) - room), last - room)
+            ids = tokenizer.prefix + prompt + text[start:start + room] + tokenizer.suffix  # shared by its spans
         inputs.append(ModelInput(ids, unpooled=lead + first - start, pooled_end=lead + last - start)
                       if last > first else ModelInput(ids, unpooled=unpooled_prompt))
     return inputs

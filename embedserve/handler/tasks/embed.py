@@ -373,9 +373,9 @@ class EmbedTask:
         size = options.chunk_size or min(DEFAULT_CHUNK_SIZE, room)
         texts = {i: item for i, item in enumerate(request.inputs) if isinstance(item, str)}
         offsets = dict(zip(texts, self.tokenizer.body_offsets([prompt.text + text for text in texts.values()])))
-        inputs: list[ModelInput] = []
-        spans: list[tuple[Span, ...]] = []
+        cut: list[tuple[list[int], list[tuple[int, int]], list[tuple[int, int]] | None]] = []
         for i, body in enumerate(bodies):
+            places = None  # token ids have no characters
             if i in offsets:  # the text's own tokens, as late_chunk cuts them: the same ids, with offsets
                 body, places = offsets[i]
                 places = [(start - len(prompt.text), end - len(prompt.text)) for start, end in places[prompt.tokens:]]
@@ -392,14 +392,18 @@ class EmbedTask:
                 token_spans = char_spans(ranges, places, f"chunk_spans[{i}]")
             else:
                 token_spans = fixed_spans(len(body) - prompt.tokens, size)
+            cut.append((body, token_spans, places))
+        self._check_answer_size(request, sum(len(token_spans) for _, token_spans, _ in cut))
+        inputs: list[ModelInput] = []
+        spans: list[tuple[Span, ...]] = []
+        for i, (body, token_spans, places) in enumerate(cut):
             inputs += late_chunk(self.tokenizer, body, token_spans, self.max_length, prompt.tokens,
                                  options.chunk_overlap, f"chunk_spans[{i}]" if options.chunk_spans else "chunk_size",
                                  prompt.unpooled)
             spans.append(tuple(Span((first, last), (places[first][0], places[last - 1][1])
-                                    if i in offsets and last > first else None) for first, last in token_spans))
+                                    if places is not None and last > first else None) for first, last in token_spans))
         job = Job(request, inputs, checked.normalize, windows=tuple(map(len, spans)), spans=tuple(spans))
         self.checks.tokens(job.tokens, request.field, budget)
-        self._check_answer_size(request, len(inputs))
         return job
 
     def check_limits(self, request: EmbeddingRequest) -> None:
@@ -448,6 +452,7 @@ class EmbedTask:
             raise unprocessable("\"long_input\": \"late_chunk\" answers a vector per span, which TEI's answer (a "
                                 "vector per input) cannot hold: use the OpenAI or native route", param="long_input")
         if options.chunk_spans is not None:
+            self._check_answer_size(request, sum(map(len, options.chunk_spans)))  # before any work on the ranges
             if len(options.chunk_spans) != len(request.inputs):
                 raise unprocessable(f"'chunk_spans' has {len(options.chunk_spans)} lists of ranges for "
                                     f"{len(request.inputs)} inputs; give one per input", param="chunk_spans")

@@ -162,3 +162,15 @@ def test_packed_passes_late_chunk_as_padded_ones_do(tiny_model_dir, st_model):
     assert status == 200, answer
     for owner, text in enumerate([SHORT, LONG[:400], "plain"]):
         check(answer, late_reference(st_model, text, svc.text.max_length, size=5, context=4), owner=owner)
+
+
+def test_many_ranges_are_refused_by_the_answer_size_before_any_work(service):
+    """A body's worth of ranges costs binary searches, and its answer's size is checked first."""
+    text = LONG[:5000]
+    ranges = [[i, i + 40] for i in range(0, 4960, 20)]  # 248 overlapping ranges, each holding tokens
+    status, answer = call(service, "v1/embeddings", {"input": text, "long_input": "late_chunk",
+                                                     "chunk_spans": [ranges * 400]})  # far over the answer's bound
+    assert status == 413 and "max_response_bytes" in answer["error"]["message"], answer
+    status, answer = call(service, "v1/embeddings", {"input": text, "long_input": "late_chunk",
+                                                     "chunk_spans": [ranges], "encoding_format": "base64"})
+    assert status == 200 and len(answer["data"]) == 248
