@@ -325,9 +325,9 @@ def default_batch_size(token_vectors: bool) -> int:
     hold a vector per token. TorchServe's frontend reads a batch's answers as one message and, at
     every chunk of it that arrives, parses it again from its start, copying each answer already
     whole (its ModelResponseDecoder): its work grows with the square of a batch's bytes. A
-    ColBERT answer is some 60 times a dense one (a vector per token), so at 32 requests a batch the
-    frontend spent 27.5 ms of CPU a text on bge-m3's three outputs in JSON, 7.9 ms at 8
-    (docs/performance.md); a pass still holds 8 requests' texts."""
+    bge-m3 answer with ColBERT vectors is some 45 times a dense one in JSON (a vector per token),
+    so at 32 requests a batch the frontend spent 27.5 ms of CPU a text on bge-m3's three outputs in
+    JSON, 8-9 ms at 8 (docs/performance.md); a pass still holds 8 requests' texts."""
     return TOKEN_VECTORS_BATCH_SIZE if token_vectors else BATCH_SIZE
 
 

@@ -54,14 +54,11 @@ class PackedBackend:
         """Late chunking's spans (model/inputs.py): each distinct row packed once, and where each
         row's pooled tokens sit in the pass (from `unpooled` to `pooled_end`, or its end)."""
         distinct: dict[tuple[int, ...], int] = {}
-        for row in rows:
-            distinct.setdefault(tuple(row.ids), len(distinct))
+        owners = [distinct.setdefault(tuple(row.ids), len(distinct)) for row in rows]  # each row's packed row
         packed = pack(list(distinct), self.device)
-        starts = np.cumsum([0, *map(len, distinct)])[:-1]
-        first = np.array([starts[distinct[tuple(row.ids)]] + min(row.unpooled, len(row)) for row in rows],
-                         dtype=np.int64)
-        last = np.array([starts[distinct[tuple(row.ids)]] + (row.pooled_end or len(row)) for row in rows],
-                        dtype=np.int64)
+        starts = np.cumsum([0, *map(len, distinct)])[owners]  # where each row's packed row begins
+        first = starts + np.fromiter((min(row.unpooled, len(row)) for row in rows), dtype=np.int64, count=len(rows))
+        last = starts + np.fromiter((row.pooled_end or len(row) for row in rows), dtype=np.int64, count=len(rows))
         positions = np.concatenate([np.arange(a, b) for a, b in zip(first, last)])
         offsets = np.zeros(len(rows) + 1, dtype=np.int32)
         np.cumsum(last - first, out=offsets[1:])

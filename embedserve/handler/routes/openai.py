@@ -20,7 +20,8 @@ from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, embedding_request
 from embedserve.handler.routes.schema import (EMBED_ERRORS, EMBED_OPTIONS, OPTION_NOTES, ServedModel,
                                               embedding_examples, error_responses, examples, list_example, operation,
-                                              SPANS_NEED_LATE_CHUNKING, options, quantizing_needs_normalizing, ref)
+                                              RANGE, SPANS_NEED_LATE_CHUNKING, options, quantizing_needs_normalizing,
+                                              ref)
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Embeddings
 
 
@@ -68,7 +69,6 @@ def _operations(model: ServedModel) -> dict[str, Any]:
         error_responses(EMBED_ERRORS, Route.OPENAI, model.server, model=model, parse=PARSE))}
 
 
-RANGE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
 # What an item of a late chunked answer says of its span.
 SPAN_FIELDS = {
     "input": {"type": "integer", "minimum": 0, "description": "with \"long_input\": \"late_chunk\": the input this "

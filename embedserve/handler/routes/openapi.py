@@ -14,7 +14,6 @@ from embedserve.handler.api.server import ServerProfile
 from embedserve.handler.routes import cohere, hybrid, multi_vector, openai, sparse, tei
 from embedserve.handler.routes.schema import ServedModel, common_schemas, limits
 from embedserve.handler.routes.table import spec_for
-from embedserve.handler.tasks.chunking import SPAN_POOLING
 
 # The families that declare schemas (the native route's are OpenAI's and TEI's).
 FAMILIES = (openai, tei, cohere, sparse, hybrid, multi_vector)
@@ -27,7 +26,7 @@ def service_document(service: Any, server: ServerProfile, version: str) -> dict[
         name=service.model_name, version=version, dimension=text.checks.dimension, max_length=text.max_length,
         vocab_size=text.tokenizer.vocab_size, prompts=tuple(sorted(text.prompts)), settings=service.settings,
         max_tokens_per_request=service.max_request_tokens, max_chunk_overlap=text.max_chunk_overlap,
-        span_pooling=set(text.pooling) <= set(SPAN_POOLING), task=service.task,
+        span_pooling=text.pools_spans, task=service.task,
         labels=getattr(service.work, "labels", ()), instructed=getattr(service.work, "chat_pairs", None) is not None,
         server=server))
 

@@ -216,9 +216,8 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
     elif kind is int:
         schema = {"type": ["integer", "null"], "minimum": INT_MINIMUMS.get(key, 1)}
     elif kind is list:  # chunk_spans: [start, end] character ranges per input
-        span = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
         schema = {"type": ["array", "null"], "minItems": 1, "maxItems": model.settings.max_inputs_per_request,
-                  "items": {"type": "array", "minItems": 1, "items": span}}
+                  "items": {"type": "array", "minItems": 1, "items": RANGE}}
     elif key in CASE_INSENSITIVE:
         schema = {"type": ["string", "null"], "pattern": "|".join(f"^{any_case(choice)}$" for choice in choices),
                   "examples": list(choices)}
@@ -308,6 +307,8 @@ def scoring_option_schemas(model: ServedModel) -> dict[str, Any]:
             "truncate": option["truncate"], "truncation_direction": option["truncation_direction"]}
 
 
+# A [start, end) range: late chunking's caller spans, and its answer's token and character ranges.
+RANGE = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 2}
 # Caller spans are late chunking's (tasks/embed.py refuses them otherwise).
 SPANS_NEED_LATE_CHUNKING = {"if": {"required": ["chunk_spans"], "properties": {"chunk_spans": {"type": "array"}}},
                             "then": {"required": ["long_input"], "properties": {"long_input": {"const": "late_chunk"}}}}

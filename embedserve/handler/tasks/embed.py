@@ -249,6 +249,7 @@ class EmbedTask:
         `pooling`: its modes (late chunking needs pooling over tokens)."""
         self.checks = checks
         self.pooling = pooling
+        self.pools_spans = set(pooling) <= set(SPAN_POOLING)  # whether it late chunks
         self.settings = checks.settings
         self.tokenizer = checks.tokenizer
         self.prompts = prompts
@@ -444,7 +445,7 @@ class EmbedTask:
             if options.chunk_spans is not None:
                 raise unprocessable("'chunk_spans' applies to \"long_input\": \"late_chunk\"", param="chunk_spans")
             return
-        if not set(self.pooling) <= set(SPAN_POOLING):
+        if not self.pools_spans:
             raise unprocessable(f"\"long_input\": \"late_chunk\" pools the tokens of each span, and this model pools "
                                 f"{'+'.join(self.pooling)}, which has no vector for a span (late chunking needs "
                                 f"{', '.join(SPAN_POOLING)} pooling)", param="long_input")
