@@ -13,9 +13,11 @@ partial rotary, biases the native layers lack, ...) refuses the build with the r
 are renamed as transformers' own conversion_mapping.py renames them on load (fused q/k/v split,
 the GTE `up_gate_proj` split), then checked strictly against the native model's names and shapes:
 a missing or unexpected weight refuses the build, naming it. `auto_map` is dropped, and the staged
-config records what it was converted from (NATIVE_FIELD). A folder whose `auto_map` names code
-with no native port here is refused; so is jina-embeddings-v3 (XLMRobertaLoRA), whose native
-port lacks what its code computes (_NO_EXACT_PORT says what).
+config records what it was converted from (NATIVE_FIELD). Only the `auto_map` entry of the class
+the served pipeline runs decides (the encoder, `AutoModel`); the other heads a published folder
+lists (masked LM, classification, QA, ...) are never run. A folder whose deciding entry names code
+with no native port here is refused, naming the entry; so is jina-embeddings-v3 (XLMRobertaLoRA),
+whose native port lacks what its code computes (_NO_EXACT_PORT says what).
 """
 
 from __future__ import annotations
@@ -93,11 +95,9 @@ def _family(config: dict[str, Any]) -> str | None:
         family = "gte"
     else:
         family = None
-    code = {key: str(value) for key, value in auto_map.items() if key.startswith("AutoModel")}
-    unknown = {key: value for key, value in code.items()
-               if family is None or value.rsplit(".", 1)[-1] not in _KNOWN_CODE[family]}
-    if unknown:
-        key, value = sorted(unknown.items())[0]
+    served = _served_code(config, auto_map)
+    if served and (family is None or served[1].rsplit(".", 1)[-1] not in _KNOWN_CODE[family]):
+        key, value = served
         reason = _NO_EXACT_PORT.get(value.rsplit(".", 1)[-1])
         if reason:
             raise NativeLayoutError(f"config.json: auto_map {key} is '{value}', the model's own code, which this "
@@ -112,6 +112,22 @@ def _family(config: dict[str, Any]) -> str | None:
         raise NativeLayoutError(f"config.json: architectures {architectures}; only the encoder "
                                 f"({' or '.join(_KNOWN_CODE[family])}) of this original layout is converted")
     return family
+
+
+def _served_code(config: dict[str, Any], auto_map: dict[str, Any]) -> tuple[str, str] | None:
+    """The `auto_map` entry (key, code) whose class the served pipeline would run: the one naming
+    the class the checkpoint was saved as (`architectures`), else the encoder (`AutoModel`).
+    Published folders also list the other heads of the same code (nomic's AutoModelForMaskedLM,
+    GTE's five AutoModelFor... entries): those are never run, so they decide nothing. A folder
+    naming only heads of its own code is decided by the first of them."""
+    code = {key: str(value) for key, value in auto_map.items() if key.startswith("AutoModel")}
+    saved = {str(name) for name in config.get("architectures") or []}
+    for key, value in sorted(code.items()):
+        if value.rsplit(".", 1)[-1] in saved:
+            return key, value
+    if "AutoModel" in code:
+        return "AutoModel", code["AutoModel"]
+    return min(code.items()) if code else None
 
 
 def _require(config: dict[str, Any], names: tuple[str, ...], family: str) -> None:

@@ -32,10 +32,16 @@ NATIVE_FAMILIES = ("nomic", "gte", "arctic")
 HIDDEN, HEADS = 32, 4
 NOMIC_PROMPTS = {"query": "search_query: ", "document": "search_document: "}
 ARCTIC_PROMPTS = {"query": "query: "}
+# The auto_maps as nomic-embed-text-v1.5's and gte-base-en-v1.5's config.json publish them: the
+# encoder beside the other heads of the same code, which the server never runs.
 NOMIC_AUTO_MAP = {"AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
-                  "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"}
+                  "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel",
+                  "AutoModelForMaskedLM": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertForPreTraining"}
 GTE_AUTO_MAP = {"AutoConfig": "Alibaba-NLP/new-impl--configuration.NewConfig",
-                "AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"}
+                "AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel",
+                **{f"AutoModelFor{head}": f"Alibaba-NLP/new-impl--modeling.NewFor{head}" for head in (
+                    "MaskedLM", "MultipleChoice", "QuestionAnswering", "SequenceClassification",
+                    "TokenClassification")}}
 ARCTIC_AUTO_MAP = {"AutoConfig": "configuration_hf_alibaba_nlp_gte.GteConfig",
                    "AutoModel": "modeling_hf_alibaba_nlp_gte.GteModel"}
 # The GTE shapes' rotary settings as their original configs state them: (rope_theta, NTK factor).

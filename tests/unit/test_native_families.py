@@ -183,6 +183,37 @@ def test_code_with_no_native_port_is_refused(folders, tmp_path, model_type, auto
         stage_model(source, tmp_path / "staged")
 
 
+def test_the_published_head_entries_of_auto_map_are_never_run_and_do_not_stop_the_build(folders, tmp_path):
+    """nomic-embed-text-v1.5 publishes AutoModelForMaskedLM beside its encoder, gte-*-v1.5 five heads:
+    the build converts the encoder and keeps none of them."""
+    for family, heads in (("nomic", {"AutoModelForMaskedLM"}),
+                          ("gte", {f"AutoModelFor{head}" for head in ("MaskedLM", "MultipleChoice", "QuestionAnswering",
+                                                                        "SequenceClassification", "TokenClassification")})):
+        auto_map = json.loads((folders[family][1] / "config.json").read_text())["auto_map"]
+        assert heads <= set(auto_map)
+        staged = json.loads((folders[family][2] / "config.json").read_text())
+        assert "auto_map" not in staged and staged[NATIVE_FIELD]["converted_from"] == auto_map["AutoModel"]
+
+
+@pytest.mark.parametrize("changes, entry", [
+    # The encoder entry decides, whatever the heads name.
+    ({"auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.SomethingElse",
+                   "AutoModelForMaskedLM": "Alibaba-NLP/new-impl--modeling.NewForMaskedLM"}}, "AutoModel"),
+    # The class the checkpoint was saved as decides: a classifier head is what would run.
+    ({"architectures": ["NewForSequenceClassification"],
+      "auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel",
+                   "AutoModelForSequenceClassification": "Alibaba-NLP/new-impl--modeling.NewForSequenceClassification"}},
+     "AutoModelForSequenceClassification"),
+    # No encoder entry: the first head decides (nothing tells which would run).
+    ({"auto_map": {"AutoModelForMaskedLM": "Alibaba-NLP/new-impl--modeling.NewForMaskedLM"}}, "AutoModelForMaskedLM"),
+])
+def test_the_refusal_names_the_auto_map_entry_that_decided_it(folders, tmp_path, changes, entry):
+    source = _copy(folders, "gte", tmp_path)
+    _edit_config(source, **changes)
+    with pytest.raises(NativeLayoutError, match=f"auto_map {entry} is '{changes['auto_map'][entry]}'"):
+        stage_model(source, tmp_path / "staged")
+
+
 @pytest.mark.parametrize("family, changes, message", [
     ("nomic", {"rotary_emb_interleaved": True}, "rotary_emb_interleaved = True"),
     ("nomic", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor = 2.0"),
