@@ -1,5 +1,6 @@
-"""The command line: `embedserve batch INPUT OUTPUT --url URL --model NAME [options]`
-(also `python -m embedserve.batch INPUT OUTPUT ...`). docs/bulk.md has examples.
+"""The command line: `embedserve batch INPUT OUTPUT [--url URL] [--model NAME] [options]`
+(also `python -m embedserve.batch INPUT OUTPUT ...`). Without flags it uses the server `make
+serve` runs from the working directory (embedserve/batch/target.py). docs/bulk.md has examples.
 
 Exit status: 0 when every row has its result line or row (rows the service refused included),
 1 when the job stopped (server unreachable after retries, key refused, bad input; a rerun
@@ -26,6 +27,7 @@ from embedserve.batch.progress import Progress, Tally
 from embedserve.batch.retry import Backoff
 from embedserve.batch.runner import Runner
 from embedserve.batch.server import Capacity, Endpoint, JobError, Limits, concurrency
+from embedserve.batch.target import DEFAULT_URLS, Management, choose_model, default_key_file, default_url
 
 RERANK_URLS = {"/v1/rerank", "/v2/rerank", "/rerank"}
 
@@ -36,12 +38,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("input", type=Path, help="an OpenAI batch file (.jsonl) or a table (.parquet, .jsonl, .csv)")
     p.add_argument("output", type=Path, help="batch results (.jsonl), or for a table .parquet or .jsonl; "
                    "an existing output is continued (see --restart)")
-    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8080")
-    p.add_argument("--model", required=True, help="the model's name on the server, e.g. minilm")
+    p.add_argument("--url", help="the server's base URL (default: ./config.properties' inference_address, "
+                   f"else {DEFAULT_URLS['inference']})")
+    p.add_argument("--model", help="the model's name on the server, e.g. minilm (default: the one the batch "
+                   "file's lines name in body.model, else the only model the management API lists)")
     p.add_argument("--model-version", default="1.0", help="its version (default: 1.0)")
-    p.add_argument("--key", help="the inference key (default: $EMBEDSERVE_KEY, else $KEY, as the README exports it)")
+    p.add_argument("--key", help="the inference key (default: $EMBEDSERVE_KEY, else $KEY, as the README exports it, "
+                   "else --key-file)")
     p.add_argument("--key-file", type=Path, help="TorchServe's key_file.json: the key is read from it, and read "
-                   "again when the server refuses it (keys expire and rotate)")
+                   "again when the server refuses it (keys expire and rotate); default: ./key_file.json when there")
     p.add_argument("--input-format", choices=("batch", *TABLE_FORMATS), help="default: from the file")
     p.add_argument("--text-column", default="text", help="a table's text column (default: text)")
     p.add_argument("--id-column", help="a table's id column (default: the row number, from 0)")
@@ -51,8 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rows-per-request", type=int, default=DEFAULT_ROWS_PER_REQUEST,
                    help=f"a table's rows per request at most (default: {DEFAULT_ROWS_PER_REQUEST}; "
                    "the server's limits may ask for fewer)")
-    p.add_argument("--management-url", help="TorchServe's management API (e.g. http://127.0.0.1:8081), to size "
-                   "the concurrency by its workers and batch size")
+    p.add_argument("--management-url", help="TorchServe's management API (e.g. http://127.0.0.1:8081), to find the "
+                   "model and size the concurrency by its workers and batch size (default: ./config.properties' "
+                   "management_address when --url is not given)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for one answer (default: 180)")
     p.add_argument("--retries", type=int, default=Backoff.retries,
                    help=f"retries of one request before the job stops (default: {Backoff.retries})")
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     """The `embedserve` console script: `embedserve batch ...`."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] != "batch":
-        print("usage: embedserve batch INPUT OUTPUT --url URL --model NAME [options]\n"
+        print("usage: embedserve batch INPUT OUTPUT [--url URL] [--model NAME] [options]\n"
               "       (embedserve batch --help for every option)", file=sys.stderr)
         return 2
     return run(argv[1:])
@@ -109,9 +115,22 @@ class Job:
                            "or .jsonl")
         self.options = self._options()
         key = args.key or (None if args.key_file else os.environ.get("EMBEDSERVE_KEY") or os.environ.get("KEY"))
-        self.credentials = Credentials(key, args.key_file)
+        self.key_file = default_key_file(args.key_file, key is not None)
+        self.credentials = Credentials(key, self.key_file)
         self.client = Client(self.credentials, Backoff(retries=args.retries), args.timeout, stop)
-        self.endpoint = Endpoint(args.url, args.model, args.model_version)
+        self.url = args.url or default_url("inference")
+        # The management API of the same server: given, or the working directory's beside its default --url.
+        management = args.management_url or (None if args.url else default_url("management"))
+        self.management = Management(management, self.key_file) if management else None
+        self.endpoint: Endpoint | None = None  # once the input names its model (run)
+
+    def _endpoint(self) -> Endpoint:
+        if self.args.model:
+            return Endpoint(self.url, self.args.model, self.args.model_version)
+        model, note = choose_model(set(self.source.models), self.management)
+        if note:
+            print(f"embedserve batch: {note}", file=sys.stderr)
+        return Endpoint(self.url, model, self.args.model_version)
 
     def _options(self) -> dict[str, Any]:
         try:
@@ -126,23 +145,13 @@ class Job:
         if self.args.concurrency:
             return max(1, self.args.concurrency)
         capacity = None
-        if self.args.management_url:
-            url = f"{self.args.management_url.rstrip('/')}/models/{self.endpoint.model}/{self.endpoint.version}"
-            headers = {}
-            if self.args.key_file:
-                try:
-                    headers = {"Authorization": f"Bearer {json.loads(self.args.key_file.read_text())['management']['key']}"}
-                except (OSError, ValueError, KeyError):
-                    pass
-            import requests
-
+        if self.management:
+            path = f"models/{self.endpoint.model}/{self.endpoint.version}"
             try:
-                response = requests.get(url, headers=headers, timeout=30)
-                response.raise_for_status()
-                capacity = Capacity.from_management(response.json())
-            except (requests.RequestException, ValueError, KeyError, TypeError, IndexError) as err:
-                print(f"embedserve batch: cannot read the workers from {url} ({err}); using the default "
-                      "concurrency", file=sys.stderr)
+                capacity = Capacity.from_management(self.management.get(path))
+            except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+                print(f"embedserve batch: cannot read the workers from {self.management.url}/{path} ({err}); "
+                      "using the default concurrency", file=sys.stderr)
         return concurrency(capacity, self.source.grouped)
 
     def _unserved(self, limits: Limits) -> dict[str, str]:
@@ -187,6 +196,7 @@ class Job:
     def run(self) -> int:
         args = self.args
         total = self.source.scan()
+        self.endpoint = self._endpoint()
         limits = Limits.from_info(self.client.get_json(self.endpoint.route("info"), "the model's /info"))
         unserved = self._unserved(limits)
         values = self._values(limits)

@@ -40,6 +40,7 @@ class Line:
     url: str  # as written in the file ("/v1/embeddings")
     body: bytes  # the request body, as JSON
     error: str | None = None
+    model: str | None = None  # the body's `model`, where a string
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class BatchFile:
     def __init__(self, path: Path):
         self.path = path
         self.urls: set[str] = set()
+        self.models: set[str] = set()  # the lines' body.model, the job's model unless --model says
 
     def _lines(self) -> Iterator[tuple[int, bytes]]:
         with self.path.open("rb") as f:
@@ -104,7 +106,8 @@ class BatchFile:
             return refused(f"'url' {url!r} is not one this command sends; it sends {', '.join(BATCH_ROUTES)}")
         if not isinstance(body, dict):
             return refused("'body' must be a JSON object (the request's body)")
-        return Line(custom_id, url, orjson.dumps(body))
+        model = body.get("model")
+        return Line(custom_id, url, orjson.dumps(body), model=model if isinstance(model, str) else None)
 
     def scan(self) -> int:
         count = 0
@@ -112,6 +115,8 @@ class BatchFile:
             line = self.parse(number, raw)
             if line.error is None:
                 self.urls.add(line.url)
+                if line.model:
+                    self.models.add(line.model)
             count += 1
         return count
 
@@ -122,6 +127,7 @@ class BatchFile:
 
 class Table:
     grouped = True
+    models: frozenset[str] = frozenset()  # a table names no model
 
     def __init__(self, path: Path, fmt: str, text_column: str, id_column: str | None):
         self.path, self.format, self.text_column, self.id_column = path, fmt, text_column, id_column

@@ -212,3 +212,27 @@ def test_a_job_level_failure_exits_non_zero_and_names_the_problem(server, tmp_pa
     (tmp_path / "in.jsonl").write_text(request_line("a", {"input": "x"}))
     refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "refused the inference key" in refused.stderr, refused.stderr
+
+
+def test_with_no_flags_the_working_directory_s_server_model_and_key_are_used(server, tmp_path):
+    """`embedserve batch IN OUT` where the server runs (its config.properties and key_file.json
+    there), no key exported: the model is the one the lines name; a table, naming none, stops
+    while the server has several models, naming them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KEY", "EMBEDSERVE_KEY")}
+    source, output = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    source.write_text("".join(request_line(f"r{i}", {"model": "tiny", "input": f"text {i}"}) for i in range(12)))
+    done = subprocess.run([str(COMMAND), "batch", str(source), str(output)], cwd=server.workdir, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "12 succeeded" in done.stderr, done.stderr
+    results = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == [f"r{i}" for i in range(12)]
+    assert all(r["response"]["status_code"] == 200 and len(r["response"]["body"]["data"][0]["embedding"]) == 32
+               for r in results)
+    direct = predict(server, {"input": "text 3"}, path="v1/embeddings").json()["data"][0]["embedding"]
+    assert results[3]["response"]["body"]["data"][0]["embedding"] == direct
+
+    (tmp_path / "table.jsonl").write_text('{"text": "a"}\n')
+    table = subprocess.run([str(COMMAND), "batch", str(tmp_path / "table.jsonl"), str(tmp_path / "vectors.jsonl")],
+                           cwd=server.workdir, env=env, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 1 and "give --model" in table.stderr, table.stderr
+    assert all(name in table.stderr for name in server.models), table.stderr

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedserve.batch import resume
-from embedserve.batch.cli import Job
+from embedserve.batch.cli import Job, parser
 from embedserve.batch.outputs import JsonlOutput, ParquetOutput
 from embedserve.batch.server import JobError
 
@@ -83,9 +83,8 @@ def test_parquet_parts_survive_a_kill_and_assemble_in_order(tmp_path, monkeypatc
 
 
 def job(tmp_path: Path, source: Path, output: Path) -> Job:
-    args = argparse.Namespace(input=source, output=output, input_format=None, text_column="text", id_column=None,
-                              options="{}", key="k", key_file=None, retries=1, timeout=5.0, url="http://127.0.0.1:1",
-                              model="m", model_version="1.0", restart=False)
+    args = parser().parse_args([str(source), str(output), "--key", "k", "--retries", "1", "--timeout", "5",
+                                "--url", "http://127.0.0.1:1", "--model", "m"])
     return Job(args, threading.Event())
 
 
