@@ -36,6 +36,15 @@ TEXTS = (
 OWN_HEAD = "none (the model's own head)"
 
 
+def _reference_options() -> dict[str, Any]:
+    """How the references load a model: on the CPU, offline, in float32 -- the dtype the build's own
+    pass runs in, whatever the checkpoint was saved in (Qwen3-Embedding and Qwen3-Reranker publish
+    bfloat16 weights, which sentence-transformers would otherwise compute in)."""
+    import torch
+
+    return dict(device="cpu", local_files_only=True, model_kwargs={"dtype": torch.float32})
+
+
 class SmokeError(RuntimeError):
     """The staged model does not embed, or embeds differently from sentence-transformers."""
 
@@ -88,8 +97,7 @@ def _compare_scores(engine, model_dir: Path) -> str:
     from sentence_transformers import CrossEncoder
 
     try:
-        reference = CrossEncoder(str(model_dir), device="cpu", local_files_only=True,
-                                 max_length=engine.text.max_length)
+        reference = CrossEncoder(str(model_dir), max_length=engine.text.max_length, **_reference_options())
     except Exception as err:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     import torch
@@ -122,7 +130,7 @@ def _compare_multi_vector(engine, model_dir: Path) -> str:
     from sentence_transformers import MultiVectorEncoder
 
     try:
-        reference = MultiVectorEncoder(str(model_dir), device="cpu", local_files_only=True)
+        reference = MultiVectorEncoder(str(model_dir), **_reference_options())
     except Exception as err:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     cosines = []
@@ -171,7 +179,7 @@ def _compare_sparse(engine, model_dir: Path) -> str:
     from sentence_transformers import SparseEncoder
 
     try:
-        reference = SparseEncoder(str(model_dir), device="cpu", local_files_only=True)
+        reference = SparseEncoder(str(model_dir), **_reference_options())
     except Exception as err:
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     reference.max_seq_length = engine.text.max_length
@@ -271,7 +279,7 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
     from sentence_transformers import SentenceTransformer
 
     try:
-        reference = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+        reference = SentenceTransformer(str(model_dir), **_reference_options())
     except Exception as err:  # its own limits are not the model's fault; say so, do not fail
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     reference.max_seq_length = engine.text.max_length

@@ -1,0 +1,69 @@
+"""Models made from their published files (tests/support/published.py: the published config,
+sentence-transformers and tokenizer-config files, small random weights of the published names
+and vocabulary), built by build_mar as a user builds a downloaded folder, served by the real
+TorchServe in its default dtype setting pinned to float32, against sentence-transformers on
+the same folder: every prompt the model publishes, on the OpenAI route; the reranker against
+CrossEncoder.predict."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import requests
+
+from tests.support.model_families import TEXTS, min_cosine
+from tests.support.published import EMBEDDERS, RERANKERS, make_published
+from tests.support.rerankers import PAIRS, reference_scores
+from tests.support.serving import FLOAT32, serving
+
+pytestmark = pytest.mark.integration
+
+MIN_COSINE = 0.99999
+MAX_SCORE_DIFFERENCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("published")
+    return {slug: make_published(slug, root / slug) for slug in (*EMBEDDERS, *RERANKERS)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, folders):
+    builds = [[*FLOAT32, "--model", str(path), "--name", slug, "--workers", "1"] for slug, path in folders.items()]
+    with serving(tmp_path_factory.mktemp("published-torchserve"), *builds) as ts:
+        yield ts
+
+
+def post(server, slug, route, body):
+    response = requests.post(f"{server.url('inference')}/predictions/{slug}/1.0/{route}", json=body,
+                             headers=server.auth(), timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize("slug", EMBEDDERS)
+def test_a_published_embedder_serves_sentence_transformers_vectors(server, folders, slug):
+    from sentence_transformers import SentenceTransformer
+    import torch
+
+    reference = SentenceTransformer(str(folders[slug]), device="cpu", model_kwargs={"dtype": torch.float32})
+    info = requests.get(f"{server.url('inference')}/predictions/{slug}/1.0/info", headers=server.auth(),
+                        timeout=60).json()
+    assert info["embedding_dimension"] == reference.get_sentence_embedding_dimension()
+    published = json.loads((folders[slug] / "config_sentence_transformers.json").read_text()).get("prompts") or {}
+    assert info["prompts"] == published
+    for name in [None, *published]:
+        option = {"prompt_name": name} if name else {}
+        got = np.array([row["embedding"] for row in post(server, slug, "v1/embeddings",
+                                                          {"input": TEXTS, **option})["data"]])
+        assert min_cosine(got, reference.encode(TEXTS, prompt_name=name)) >= MIN_COSINE, (slug, name)
+
+
+@pytest.mark.parametrize("slug", RERANKERS)
+def test_a_published_reranker_scores_as_cross_encoder(server, folders, slug):
+    got = post(server, slug, "predict", {"inputs": [list(pair) for pair in PAIRS]})
+    want = reference_scores(folders[slug])
+    assert np.abs(np.array([row[0]["score"] for row in got]) - want).max() <= MAX_SCORE_DIFFERENCE

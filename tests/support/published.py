@@ -1,0 +1,172 @@
+"""Models made from their published files (tests/fixtures/published/<slug>/, each file's source in
+its SOURCES.json): the config, sentence-transformers and tokenizer-config files exactly as their
+authors published them, with only what no test can carry made here.
+
+    kept as published   every key and value of config.json but the size fields below; modules.json,
+                        sentence_bert_config.json, config_sentence_transformers.json, the module
+                        configs (but their widths), tokenizer_config.json and special_tokens_map.json
+    made smaller        hidden width, layers, heads, MLP width (SIZES): random weights of the
+                        published names and vocabulary size at a width a test can run
+    made here           the tokenizer's vocabulary (tokenizer.json: the published ones are 11-33 MB),
+                        trained on a small corpus by the family's own tokenizer model (WordPiece,
+                        Unigram, byte-level BPE), its special tokens those the published files name;
+                        the published tokenizer_config.json's `added_tokens_decoder` (ids into the
+                        published vocabulary) is left out, every other setting kept
+
+A model whose published files could not be found has only a SOURCES.json saying where they were
+sought (docs/models.md says so beside its row)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from tests.support import REPO
+
+PUBLISHED = REPO / "tests" / "fixtures" / "published"
+NOT_MODEL_FILES = {"SOURCES.json", "tokenizer_facts.json", "LORA_NOTES.md"}
+
+# The size fields of each model's config made small; every other published value is kept.
+SIZES = {
+    "labse": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32),
+    "bge-m3": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32),
+    "embeddinggemma-300m": dict(hidden_size=24, num_hidden_layers=6, num_attention_heads=3, num_key_value_heads=1,
+                                head_dim=8, query_pre_attn_scalar=8, intermediate_size=48),
+    "qwen3-embedding-0.6b": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 head_dim=8, intermediate_size=64, max_window_layers=2),
+    "all-mpnet-base-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "bge-reranker-v2-m3": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32),
+}
+EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "all-mpnet-base-v2")
+RERANKERS = ("bge-reranker-v2-m3",)
+
+
+def published_files(slug: str) -> list[Path]:
+    folder = PUBLISHED / slug
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in NOT_MODEL_FILES)
+
+
+def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
+    """The model `slug` at `path`: its published files, small random weights, a tokenizer made here."""
+    source = PUBLISHED / slug
+    path.mkdir(parents=True, exist_ok=True)
+    for file in published_files(slug):
+        (path / file.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(file, path / file.relative_to(source))
+    config = json.loads((source / "config.json").read_text())
+    config.update(SIZES[slug])
+    if "layer_types" in config:  # per layer: the published pattern's first layers
+        config["layer_types"] = config["layer_types"][:config["num_hidden_layers"]]
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    _tokenizer(config, path)
+    torch.manual_seed(seed)
+    _weights(config, path)
+    _module_widths(path, config["hidden_size"])
+    return path
+
+
+# --- The tokenizer -------------------------------------------------------------------------------
+
+def _tokenizer(config: dict, path: Path) -> None:
+    """tokenizer.json of the family's kind, trained here; the published tokenizer_config.json and
+    special_tokens_map.json beside it, without the ids of the published vocabulary."""
+    from tests.support.model_families import _bert_tokenizer, _qwen_tokenizer, _xlmr_tokenizer
+
+    published = json.loads((path / "tokenizer_config.json").read_text())
+    made = path / "made-tokenizer"
+    kind = config["model_type"]
+    if kind == "bert":
+        _bert_tokenizer(made, 512)
+    elif kind == "mpnet":
+        _wordpiece_as_published(json.loads((PUBLISHED / path.name / "tokenizer_facts.json").read_text()), made)
+    elif kind == "xlm-roberta":
+        _xlmr_tokenizer(made, 512)
+    elif kind == "qwen3":
+        _qwen_tokenizer(made, 512)
+    elif kind == "gemma3_text":
+        from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+        from tests.support.model_families import corpus
+
+        flags = {name: published[name] for name in ("add_bos_token", "add_eos_token") if name in published}
+        GemmaTokenizer(**flags).train_new_from_iterator(corpus(), vocab_size=300).save_pretrained(made)
+    else:
+        raise ValueError(f"no tokenizer kind for model_type {kind}")
+    shutil.copyfile(made / "tokenizer.json", path / "tokenizer.json")
+    shutil.rmtree(made)
+    published.pop("added_tokens_decoder", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(published, indent=2))
+
+
+def _wordpiece_as_published(facts: dict, made: Path) -> None:
+    """A WordPiece vocabulary trained here with the published tokenizer.json's special tokens (in
+    their order), unknown token and normalizer, and its post-processor's first and last tokens."""
+    from tokenizers import normalizers
+
+    from tests.support.model_families import _save_tokenizer, _template, _wordpiece
+
+    specials = [token["content"] for token in sorted(facts["added_tokens"], key=lambda token: token["id"])]
+    tokenizer = _wordpiece(specials, unk=facts["model"]["unk_token"])
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=facts["normalizer"]["lowercase"])
+    first, last = facts["post_processor"]["cls"][0], facts["post_processor"]["sep"][0]
+    _template(tokenizer, first, last)
+    _save_tokenizer(tokenizer, made, 512)
+
+
+# --- The weights -----------------------------------------------------------------------------------
+
+def _weights(config: dict, path: Path) -> None:
+    """Random weights under the names the published checkpoint has (transformers' own save of the
+    architecture the config names: an encoder's names without a prefix, a classifier's with it)."""
+    import transformers
+
+    architecture = config["architectures"][0]
+    config_object = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k != "model_type"},
+                                                      model_type=config["model_type"])
+    if architecture.endswith("ForSequenceClassification"):
+        model = transformers.AutoModelForSequenceClassification.from_config(config_object)
+    else:  # Qwen3-Embedding says Qwen3ForCausalLM, all-mpnet-base-v2 MPNetForMaskedLM: the encoder's weights
+        model = transformers.AutoModel.from_config(config_object)
+    with torch.no_grad():  # livelier than the initialization, so that vectors differ clearly
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0, 0.2)
+            elif "norm" in name.lower():
+                parameter.normal_(1.0 if config["model_type"] != "gemma3_text" else 0.0, 0.2)
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    if dtype:  # as published (Qwen3-Embedding's are bfloat16)
+        model.to(getattr(torch, dtype))
+    saved = path / "saved-weights"
+    model.eval().save_pretrained(saved)
+    shutil.move(str(saved / "model.safetensors"), str(path / "model.safetensors"))
+    shutil.rmtree(saved)
+
+
+def _module_widths(path: Path, hidden: int) -> None:
+    """The pipeline modules' configs at the small width (a Dense's inner width scaled alike), with
+    random weights for each Dense."""
+    modules = json.loads((path / "modules.json").read_text()) if (path / "modules.json").is_file() else []
+    width = {}  # published width -> small width
+    published_hidden = None
+    for module in modules:
+        kind = module["type"].rsplit(".", 1)[-1]
+        config_file = path / module["path"] / "config.json"
+        if not module["path"] or not config_file.is_file():
+            continue
+        config = json.loads(config_file.read_text())
+        if kind == "Pooling":
+            published_hidden = config["word_embedding_dimension"]
+            config["word_embedding_dimension"] = hidden
+            width[published_hidden] = hidden
+        elif kind == "Dense":
+            for key in ("in_features", "out_features"):
+                config[key] = width.setdefault(config[key], max(4, config[key] * hidden // (published_hidden or hidden)))
+            weights = {"linear.weight": torch.randn(config["out_features"], config["in_features"]) * 0.3}
+            if config.get("bias", True):
+                weights["linear.bias"] = torch.randn(config["out_features"]) * 0.3
+            save_file(weights, str(path / module["path"] / "model.safetensors"))
+        config_file.write_text(json.dumps(config, indent=2))
