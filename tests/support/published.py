@@ -39,6 +39,8 @@ SIZES = {
     "qwen3-embedding-0.6b": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                  head_dim=8, intermediate_size=64, max_window_layers=2),
     "all-mpnet-base-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "answerai-colbert-small-v1": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=64),
     "bge-reranker-v2-m3": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32),
 }
 EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "all-mpnet-base-v2")
@@ -65,7 +67,7 @@ def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
     _tokenizer(config, path)
     torch.manual_seed(seed)
     _weights(config, path)
-    _module_widths(path, config["hidden_size"])
+    _module_widths(path, json.loads((source / "config.json").read_text())["hidden_size"], config["hidden_size"])
     return path
 
 
@@ -79,10 +81,11 @@ def _tokenizer(config: dict, path: Path) -> None:
     published = json.loads((path / "tokenizer_config.json").read_text())
     made = path / "made-tokenizer"
     kind = config["model_type"]
-    if kind == "bert":
+    facts = PUBLISHED / path.name / "tokenizer_facts.json"
+    if kind in ("bert", "mpnet") and facts.is_file():
+        _wordpiece_as_published(json.loads(facts.read_text()), made)
+    elif kind == "bert":
         _bert_tokenizer(made, 512)
-    elif kind == "mpnet":
-        _wordpiece_as_published(json.loads((PUBLISHED / path.name / "tokenizer_facts.json").read_text()), made)
     elif kind == "xlm-roberta":
         _xlmr_tokenizer(made, 512)
     elif kind == "qwen3":
@@ -112,7 +115,11 @@ def _wordpiece_as_published(facts: dict, made: Path) -> None:
     specials = [token["content"] for token in sorted(facts["added_tokens"], key=lambda token: token["id"])]
     tokenizer = _wordpiece(specials, unk=facts["model"]["unk_token"])
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=facts["normalizer"]["lowercase"])
-    first, last = facts["post_processor"]["cls"][0], facts["post_processor"]["sep"][0]
+    processor = facts["post_processor"]
+    if processor["type"] == "TemplateProcessing":  # BERT's: [CLS] $A [SEP]
+        first, last = (processor["single"][0]["SpecialToken"]["id"], processor["single"][-1]["SpecialToken"]["id"])
+    else:  # RoBERTa's: cls and sep
+        first, last = processor["cls"][0], processor["sep"][0]
     _template(tokenizer, first, last)
     _save_tokenizer(tokenizer, made, 512)
 
@@ -146,12 +153,11 @@ def _weights(config: dict, path: Path) -> None:
     shutil.rmtree(saved)
 
 
-def _module_widths(path: Path, hidden: int) -> None:
-    """The pipeline modules' configs at the small width (a Dense's inner width scaled alike), with
+def _module_widths(path: Path, published_hidden: int, hidden: int) -> None:
+    """The pipeline modules' configs at the small width (a Dense's other width scaled alike), with
     random weights for each Dense."""
     modules = json.loads((path / "modules.json").read_text()) if (path / "modules.json").is_file() else []
-    width = {}  # published width -> small width
-    published_hidden = None
+    width = {published_hidden: hidden}  # published width -> small width
     for module in modules:
         kind = module["type"].rsplit(".", 1)[-1]
         config_file = path / module["path"] / "config.json"
@@ -159,12 +165,10 @@ def _module_widths(path: Path, hidden: int) -> None:
             continue
         config = json.loads(config_file.read_text())
         if kind == "Pooling":
-            published_hidden = config["word_embedding_dimension"]
-            config["word_embedding_dimension"] = hidden
-            width[published_hidden] = hidden
+            config["word_embedding_dimension"] = width[config["word_embedding_dimension"]]
         elif kind == "Dense":
             for key in ("in_features", "out_features"):
-                config[key] = width.setdefault(config[key], max(4, config[key] * hidden // (published_hidden or hidden)))
+                config[key] = width.setdefault(config[key], max(4, config[key] * hidden // published_hidden))
             weights = {"linear.weight": torch.randn(config["out_features"], config["in_features"]) * 0.3}
             if config.get("bias", True):
                 weights["linear.bias"] = torch.randn(config["out_features"]) * 0.3
