@@ -106,6 +106,9 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     tokenizer = TextTokenizer(model_dir, lowercase=model.do_lower_case, hf_tokenizer=hf_tokenizer)
     max_length = resolve_max_length(settings.max_length, model.max_seq_length, tokenizer.model_max_length,
                                     model.usable_positions)
+    plain_length = max_length  # an input of no type (a multi-vector model's per-type lengths may be longer)
+    if model.multi_vector and not settings.max_length:
+        max_length = min(model.multi_vector.longest(max_length), model.usable_positions or 10**9)
     parts = ModelParts(
         pooling=model.pooling,
         head=model.head,
@@ -147,7 +150,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True,
                           query_weights=query_weights)
     elif model.task is Task.MULTI_VECTOR:
-        work = MultiVectorTask(checks, model.multi_vector, model.prompts)
+        work = MultiVectorTask(checks, model.multi_vector, model.prompts, plain_length)
     elif model.task is Task.HYBRID:
         work = HybridTask(checks, prompts=model.prompts, default_prompt=default_prompt,
                           include_prompt=encoder.pooling.include_prompt)

@@ -3,7 +3,8 @@ sentence-transformers and tokenizer-config files, small random weights of the pu
 and vocabulary), built by build_mar as a user builds a downloaded folder, served by the real
 TorchServe in its default dtype setting pinned to float32, against sentence-transformers on
 the same folder: every prompt the model publishes, on the OpenAI route; the reranker against
-CrossEncoder.predict."""
+CrossEncoder.predict; the ColBERT model (PyLate's layout) against MultiVectorEncoder, queries,
+documents past max_seq_length and inputs of neither type."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import requests
 
 from tests.support.model_families import TEXTS, min_cosine
-from tests.support.published import EMBEDDERS, RERANKERS, make_published
+from tests.support.published import EMBEDDERS, MULTI_VECTOR, RERANKERS, make_published
 from tests.support.rerankers import PAIRS, reference_scores
 from tests.support.serving import FLOAT32, serving
 
@@ -27,7 +28,7 @@ MAX_SCORE_DIFFERENCE = 1e-4
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("published")
-    return {slug: make_published(slug, root / slug) for slug in (*EMBEDDERS, *RERANKERS)}
+    return {slug: make_published(slug, root / slug) for slug in (*EMBEDDERS, *RERANKERS, *MULTI_VECTOR)}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +39,8 @@ def server(tmp_path_factory, folders):
 
 
 def post(server, slug, route, body):
-    response = requests.post(f"{server.url('inference')}/predictions/{slug}/1.0/{route}", json=body,
-                             headers=server.auth(), timeout=120)
+    url = f"{server.url('inference')}/predictions/{slug}" + (f"/1.0/{route}" if route else "")
+    response = requests.post(url, json=body, headers=server.auth(), timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -67,3 +68,18 @@ def test_a_published_reranker_scores_as_cross_encoder(server, folders, slug):
     got = post(server, slug, "predict", {"inputs": [list(pair) for pair in PAIRS]})
     want = reference_scores(folders[slug])
     assert np.abs(np.array([row[0]["score"] for row in got]) - want).max() <= MAX_SCORE_DIFFERENCE
+
+
+@pytest.mark.parametrize("slug", MULTI_VECTOR)
+def test_a_published_colbert_serves_multi_vector_encoder_token_vectors(server, folders, slug):
+    from sentence_transformers import MultiVectorEncoder
+    import torch
+
+    reference = MultiVectorEncoder(str(folders[slug]), device="cpu", model_kwargs={"dtype": torch.float32})
+    texts = [*TEXTS, "the long document " * 120]  # past max_seq_length (299), within document_length (300)
+    for kind, encode in (("query", reference.encode_query), ("document", reference.encode_document),
+                         (None, reference.encode)):
+        answer = post(server, slug, "", {"input": texts, **({"input_type": kind} if kind else {})})
+        for item, want in zip(answer["data"], encode(texts, convert_to_numpy=True)):
+            got = np.asarray(item["embedding"], dtype=np.float64).reshape(-1, want.shape[1])
+            assert got.shape == want.shape and min_cosine(got, want) >= MIN_COSINE, (kind, got.shape, want.shape)

@@ -45,6 +45,7 @@ SIZES = {
 }
 EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "all-mpnet-base-v2")
 RERANKERS = ("bge-reranker-v2-m3",)
+MULTI_VECTOR = ("answerai-colbert-small-v1",)
 
 
 def published_files(slug: str) -> list[Path]:
@@ -64,7 +65,7 @@ def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
     if "layer_types" in config:  # per layer: the published pattern's first layers
         config["layer_types"] = config["layer_types"][:config["num_hidden_layers"]]
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    _tokenizer(config, path)
+    _tokenizer(slug, config, path)
     torch.manual_seed(seed)
     _weights(config, path)
     _module_widths(path, json.loads((source / "config.json").read_text())["hidden_size"], config["hidden_size"])
@@ -73,7 +74,7 @@ def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
 
 # --- The tokenizer -------------------------------------------------------------------------------
 
-def _tokenizer(config: dict, path: Path) -> None:
+def _tokenizer(slug: str, config: dict, path: Path) -> None:
     """tokenizer.json of the family's kind, trained here; the published tokenizer_config.json and
     special_tokens_map.json beside it, without the ids of the published vocabulary."""
     from tests.support.model_families import _bert_tokenizer, _qwen_tokenizer, _xlmr_tokenizer
@@ -81,7 +82,7 @@ def _tokenizer(config: dict, path: Path) -> None:
     published = json.loads((path / "tokenizer_config.json").read_text())
     made = path / "made-tokenizer"
     kind = config["model_type"]
-    facts = PUBLISHED / path.name / "tokenizer_facts.json"
+    facts = PUBLISHED / slug / "tokenizer_facts.json"
     if kind in ("bert", "mpnet") and facts.is_file():
         _wordpiece_as_published(json.loads(facts.read_text()), made)
     elif kind == "bert":
@@ -108,13 +109,20 @@ def _tokenizer(config: dict, path: Path) -> None:
 def _wordpiece_as_published(facts: dict, made: Path) -> None:
     """A WordPiece vocabulary trained here with the published tokenizer.json's special tokens (in
     their order), unknown token and normalizer, and its post-processor's first and last tokens."""
-    from tokenizers import normalizers
+    from tokenizers import AddedToken, Tokenizer, models, normalizers
 
     from tests.support.model_families import _save_tokenizer, _template, _wordpiece
 
-    specials = [token["content"] for token in sorted(facts["added_tokens"], key=lambda token: token["id"])]
-    tokenizer = _wordpiece(specials, unk=facts["model"]["unk_token"])
+    added = sorted(facts["added_tokens"], key=lambda token: token["id"])
+    trained = _wordpiece([token["content"] for token in added], unk=facts["model"]["unk_token"])
+    # The published added tokens at the head of the vocabulary, each special or not as published
+    # (answerai-colbert's [unused0] / [unused1] prefixes are plain, normalized tokens).
+    tokenizer = Tokenizer(models.WordPiece(trained.get_vocab(), unk_token=facts["model"]["unk_token"]))
+    tokenizer.pre_tokenizer, tokenizer.decoder = trained.pre_tokenizer, trained.decoder
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=facts["normalizer"]["lowercase"])
+    tokenizer.add_tokens([AddedToken(token["content"], special=token["special"], normalized=token["normalized"],
+                                     lstrip=token["lstrip"], rstrip=token["rstrip"],
+                                     single_word=token["single_word"]) for token in added])
     processor = facts["post_processor"]
     if processor["type"] == "TemplateProcessing":  # BERT's: [CLS] $A [SEP]
         first, last = (processor["single"][0]["SpecialToken"]["id"], processor["single"][-1]["SpecialToken"]["id"])

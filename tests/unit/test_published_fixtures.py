@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from tests.support.published import EMBEDDERS, PUBLISHED, RERANKERS, SIZES, make_published, published_files
+from tests.support.published import (EMBEDDERS, MULTI_VECTOR, PUBLISHED, RERANKERS, SIZES, make_published,
+                                     published_files)
 
 SLUGS = sorted(p.name for p in PUBLISHED.iterdir() if p.is_dir())
 
@@ -28,7 +29,7 @@ def test_every_published_file_names_where_it_came_from(slug):
         json.loads(file.read_text())  # each is the JSON its model ships
 
 
-@pytest.mark.parametrize("slug", (*EMBEDDERS, *RERANKERS))
+@pytest.mark.parametrize("slug", (*EMBEDDERS, *RERANKERS, *MULTI_VECTOR))
 def test_a_model_made_from_published_files_keeps_every_published_value_but_its_size(slug, tmp_path):
     made = make_published(slug, tmp_path / slug)
     published, config = (json.loads((folder / "config.json").read_text()) for folder in (PUBLISHED / slug, made))
@@ -41,16 +42,3 @@ def test_a_model_made_from_published_files_keeps_every_published_value_but_its_s
     tokenizer = json.loads((PUBLISHED / slug / "tokenizer_config.json").read_text())
     tokenizer.pop("added_tokens_decoder", None)  # ids into the published vocabulary, not the one made here
     assert json.loads((made / "tokenizer_config.json").read_text()) == tokenizer
-
-
-def test_the_published_pylate_layout_of_answerai_colbert_is_refused_naming_its_module(tmp_path):
-    """answerai-colbert-small-v1 publishes PyLate's layout (`pylate.models.Dense.Dense`, its prefixes
-    and lengths in config_sentence_transformers.json), which sentence-transformers 6 converts to a
-    MultiVectorEncoder; the server serves the layout sentence-transformers saves and refuses this
-    one with the reason (docs/models.md), rather than serve it otherwise."""
-    from embedserve.handler.model.description import ModelFilesError
-    from embedserve.handler.model.files import describe_model
-
-    made = make_published("answerai-colbert-small-v1", tmp_path / "colbert")
-    with pytest.raises(ModelFilesError, match="'pylate.models.Dense.Dense' is custom code"):
-        describe_model(made)

@@ -174,6 +174,14 @@ class MultiVector:
     skiplist_tasks: tuple[str, ...]  # "query", "document": where the skiplist applies (no task counts as document)
     similarity: str  # "maxsim", or "meanmaxsim" (divided by the query's tokens)
     token_pooling: TokenPooling | None = None
+    prefixes: tuple[tuple[str, str], ...] = ()  # PyLate's query_prefix / document_prefix, ahead of the prompts
+
+    def longest(self, plain: int) -> int:
+        """The most tokens an input of some type keeps, where `plain` is what an input of no type
+        keeps (max_seq_length): sentence-transformers applies query_length, document_length and a
+        query expansion's length over max_seq_length, not within it."""
+        return max(plain, self.query_length or 0, self.document_length or 0,
+                   self.expansion.length if self.expansion else 0)
 
 
 @dataclass(frozen=True)

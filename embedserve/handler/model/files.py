@@ -33,6 +33,7 @@ from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES
                                                   LogitScore, M3Heads, ModelDescription, ModelFilesError, MultiVector,
                                                   Pooling, QueryExpansion, Scoring, SparsePooling, TokenPooling)
 from embedserve.handler.model.head import activation_class, check_head_module
+from embedserve.handler.model.pylate import is_pylate, prefixed_prompts, read_pylate
 
 _MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
 
@@ -62,6 +63,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
         model_dir / "sentence_bert_config.json").is_file() else {}
     prompts, default_prompt_name = _read_prompts(model_dir)
+    if multi_vector and multi_vector.prefixes:
+        prompts = prefixed_prompts(prompts, multi_vector.prefixes)
     return ModelDescription(
         model_type=str(config.get("model_type", "")),
         hidden_size=config["hidden_size"],
@@ -194,16 +197,21 @@ def _read_m3(model_dir: Path) -> M3Heads | None:
 
 def _read_multi_vector(model_dir: Path) -> tuple[MultiVector | None, tuple[HeadModule, ...]]:
     """A sentence-transformers 6 MultiVectorEncoder's token pipeline (Transformer, Dense modules,
-    MultiVectorMask, Normalize) and its Dense and Normalize modules; (None, ()) for another model.
-    Older ColBERT layouts (PyLate's, Stanford's) and token pooling modules are refused by name."""
+    MultiVectorMask, Normalize), or PyLate's ColBERT layout as sentence-transformers reads it
+    (model/pylate.py), and its Dense and Normalize modules; (None, ()) for another model."""
     modules_file = model_dir / "modules.json"
     st_config = _read_json(model_dir / "config_sentence_transformers.json") if (
         model_dir / "config_sentence_transformers.json").is_file() else {}
     modules = sorted(_read_json(modules_file), key=lambda m: int(m.get("idx", 0))) if modules_file.is_file() else []
     kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
-    if st_config.get("model_type") == "ColBERT":
-        raise ModelFilesError(f"{model_dir}: a PyLate ColBERT folder (model_type ColBERT); only sentence-transformers "
-                              "6 MultiVectorEncoder folders are served (load it with MultiVectorEncoder and save it)")
+    if modules and is_pylate(modules, st_config):
+        if modules[0].get("path"):
+            raise ModelFilesError(f"{modules_file}: the Transformer module is in a subfolder; not supported")
+        denses = [(str(m.get("path") or ""), _read_json(model_dir / str(m.get("path") or "") / "config.json"))
+                  for m in modules[1:] if str(m.get("type", "")).rsplit(".", 1)[-1] == "Dense"]
+        transformer = _read_json(model_dir / "sentence_bert_config.json") if (
+            model_dir / "sentence_bert_config.json").is_file() else {}
+        return read_pylate(modules_file, kinds, denses, st_config, transformer)
     if st_config.get("model_type") != "MultiVectorEncoder" and "MultiVectorMask" not in kinds:
         return None, ()
     denses = kinds[1:kinds.index("MultiVectorMask")] if "MultiVectorMask" in kinds else []

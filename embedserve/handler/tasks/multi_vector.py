@@ -4,7 +4,9 @@ per token out; or a query and documents in, their MaxSim scores out.
 Each input is a query, a document, or neither (`input_type`), as MultiVectorEncoder's
 encode_query, encode_document and encode tell them apart:
 - its prompt ("[Q] ", "[D] ": the folder's prompts of those names), tokenized with the text;
-- its length: query_length, document_length, else the model's max length;
+- its length: query_length, document_length, else the model's max length (max_seq_length), the
+  per-type lengths applying over max_seq_length, as sentence-transformers applies them (PyLate's
+  answerai-colbert-small-v1 publishes max_seq_length 299 beside document_length 300);
 - a query's expansion: padded with the mask token up to the expansion length, those tokens
   attended to or not (`attend`), and returned either way;
 - the skiplist (punctuation): its tokens are left out of the answer for the input types the folder
@@ -133,8 +135,9 @@ def hierarchical_pool(row: np.ndarray, pooling: TokenPooling) -> np.ndarray:
 class MultiVectorTask:
     task = Task.MULTI_VECTOR
 
-    def __init__(self, checks: RequestChecks, model: MultiVector, prompts: dict[str, str]):
+    def __init__(self, checks: RequestChecks, model: MultiVector, prompts: dict[str, str], plain_length: int):
         self.checks = checks
+        self.plain_length = plain_length  # an input of no type; checks.max_length is the longest of any type
         self.settings = checks.settings
         self.tokenizer = checks.tokenizer
         self.model = model
@@ -152,16 +155,16 @@ class MultiVectorTask:
 
     def max_length(self, input_type: str | None) -> int:
         """Tokens an input of this type keeps (special and prompt tokens included)."""
-        model, limit = self.model, self.checks.max_length
+        model, limit, plain = self.model, self.checks.max_length, min(self.plain_length, self.checks.max_length)
         if input_type == "document":
-            return min(model.document_length or limit, limit)
+            return min(model.document_length or plain, limit)
         if input_type == "query":
             expansion = model.expansion
             if expansion and expansion.strategy == "fixed":
                 return min(expansion.length, limit)
-            length = model.query_length or limit
+            length = model.query_length or plain
             return min(max(length, expansion.length) if expansion and model.query_length else length, limit)
-        return limit
+        return plain
 
     def prepare(self, requests: dict[int, MultiVectorRequest], budget: WorkBudget | None
                 ) -> dict[int, Job | RequestError]:
