@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from tests.support import REPO
 
 PUBLISHED = REPO / "tests" / "fixtures" / "published"
-NOT_MODEL_FILES = {"SOURCES.json", "tokenizer_facts.json", "LORA_NOTES.md"}
+NOT_MODEL_FILES = {"SOURCES.json", "tokenizer_facts.json"}  # the record of the files, not files of the model
 
 # The size fields of each model's config made small; every other published value is kept.
 SIZES = {
@@ -60,15 +60,15 @@ def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
     for file in published_files(slug):
         (path / file.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(file, path / file.relative_to(source))
-    config = json.loads((source / "config.json").read_text())
-    config.update(SIZES[slug])
+    published = json.loads((source / "config.json").read_text())
+    config = {**published, **SIZES[slug]}
     if "layer_types" in config:  # per layer: the published pattern's first layers
         config["layer_types"] = config["layer_types"][:config["num_hidden_layers"]]
     (path / "config.json").write_text(json.dumps(config, indent=2))
     _tokenizer(slug, config, path)
     torch.manual_seed(seed)
     _weights(config, path)
-    _module_widths(path, json.loads((source / "config.json").read_text())["hidden_size"], config["hidden_size"])
+    _module_widths(path, published["hidden_size"], config["hidden_size"])
     return path
 
 
