@@ -155,7 +155,7 @@ class MultiVectorTask:
 
     def max_length(self, input_type: str | None) -> int:
         """Tokens an input of this type keeps (special and prompt tokens included)."""
-        model, limit, plain = self.model, self.checks.max_length, min(self.plain_length, self.checks.max_length)
+        model, limit, plain = self.model, self.checks.max_length, self.plain_length
         if input_type == "document":
             return min(model.document_length or plain, limit)
         if input_type == "query":
