@@ -53,7 +53,7 @@ def test_a_published_embedder_serves_sentence_transformers_vectors(server, folde
     reference = SentenceTransformer(str(folders[slug]), device="cpu", model_kwargs={"dtype": torch.float32})
     info = requests.get(f"{server.url('inference')}/predictions/{slug}/1.0/info", headers=server.auth(),
                         timeout=60).json()
-    assert info["embedding_dimension"] == reference.get_sentence_embedding_dimension()
+    assert info["embedding_dimension"] == reference.get_embedding_dimension()
     published = json.loads((folders[slug] / "config_sentence_transformers.json").read_text()).get("prompts") or {}
     assert info["prompts"] == published
     for name in [None, *published]:
