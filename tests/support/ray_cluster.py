@@ -73,9 +73,15 @@ class RayCluster:
         return found
 
     def logs(self) -> str:
-        """Every worker's log of the cluster's session, joined."""
-        return "\n".join(path.read_text(errors="replace")
-                         for path in sorted((self.temp_dir / "session_latest" / "logs").glob("worker-*")))
+        """Every worker's log of the cluster's session, joined: those still there when read (Ray
+        removes a lost node's worker logs, which a read after the listing would not find)."""
+        texts = []
+        for path in sorted((self.temp_dir / "session_latest" / "logs").glob("worker-*")):
+            try:
+                texts.append(path.read_text(errors="replace"))
+            except FileNotFoundError:
+                continue
+        return "\n".join(texts)
 
     def _ray(self, *args: str, check: bool = True) -> None:
         env = {**os.environ, **QUICK_HEALTH_CHECKS, **self.env}
