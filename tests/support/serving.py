@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from embedserve.archive.build import main as build_main
 from embedserve.archive.ts_config import update_properties
 from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.support import REPO
+from tests.support.archives import ArchiveCache
 from tests.support.faults import FAULTS_ENV
 
 # Builds whose vectors tests hold to float32's precision (atol 1e-5, min cosine 0.9999) pin it: under
@@ -34,9 +37,14 @@ def make_server_config(root: Path, **properties: str) -> Path:
     return isolated_config(root, REPO / "config.properties", **properties)
 
 
-def build(config: Path, *args: str) -> None:
-    code = build_main([*args, "--export-path", str(config.parent / "model_store"), "--config", str(config)])
-    assert code == 0, f"build_mar failed for {args}"
+# The session's archives, each built once (tests/support/archives.py); removed when the session ends.
+ARCHIVES = ArchiveCache(Path(tempfile.mkdtemp(prefix="embedserve-archives-")))
+atexit.register(shutil.rmtree, ARCHIVES.root, ignore_errors=True)
+
+
+def build(config: Path, *args: str) -> Path:
+    """build_mar `args` into the model store beside `config` and register it there; the .mar."""
+    return ARCHIVES.build(config, *args)
 
 
 def with_fault_entry(mar: Path) -> None:

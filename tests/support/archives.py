@@ -1,0 +1,143 @@
+"""Archives made once a test session: a build is the suite's costliest step (staging, the ONNX
+export, the engine trials, the smoke check against sentence-transformers), and the served tests
+ask for the same archive again and again under other TorchServe settings.
+
+A build is keyed by its build_mar arguments without the REGISTRATION flags and by the model
+folder's name and files: a later build of the same key copies the archive, writes the asked
+TorchServe settings into its model-config.yaml (which TorchServe reads before config.properties'
+`models=`) and registers it, as `./build_mar.sh` would have. What the build printed on standard
+error is printed again: tests read its notes.
+
+tests/unit/archive builds without the cache: those tests check the build itself."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from embedserve.archive.build import BUILD_ERRORS, REGISTRATION, Archive, make_archive, parse_args, register
+from embedserve.archive.digest import sha256_files
+from embedserve.scripts.serverctl import isolated_config
+from tests.support import REPO
+
+# build_mar flags that only set TorchServe's settings of the model, and the settings each sets.
+REGISTRATION_FLAGS = {"--workers": ("minWorkers", "maxWorkers"), "--batch-size": ("batchSize",),
+                      "--max-batch-delay": ("maxBatchDelay",), "--response-timeout": ("responseTimeout",),
+                      "--startup-timeout": ("startupTimeout",)}
+assert {key for keys in REGISTRATION_FLAGS.values() for key in keys} == set(REGISTRATION)
+CONFIG_FILE = "model-config.yaml"
+
+
+@dataclass(frozen=True)
+class Built:
+    archive: Archive
+    stderr: str
+
+
+class ArchiveCache:
+    """Builds in `root`, each once; `reused` and `built` count what it saved."""
+
+    def __init__(self, root: Path):
+        self.root, self.built, self.reused = root, 0, 0
+        self._archives: dict[tuple, Built] = {}
+
+    def build(self, config: Path, *args: str) -> Path:
+        """build_mar `args` into the model store beside `config`, registered in it; the .mar."""
+        archive_args, settings = split_registration(list(args))
+        key = archive_key(archive_args)
+        built = self._archives.get(key)
+        if built is None:
+            built = self._archives[key] = self._make(archive_args)
+            self.built += 1
+        else:
+            self.reused += 1
+            sys.stderr.write(built.stderr)
+        return install(built.archive, config, archive_args, settings)
+
+    def _make(self, archive_args: list[str]) -> Built:
+        folder = Path(tempfile.mkdtemp(prefix="build-", dir=self.root))
+        scratch = isolated_config(folder, REPO / "config.properties")  # only read by the build
+        args = parse_args([*archive_args, "--export-path", str(folder / "model_store"), "--config", str(scratch)])
+        printed = Tee(sys.stderr)
+        with contextlib.redirect_stderr(printed):
+            try:
+                archive = make_archive(args)
+            except BUILD_ERRORS as err:
+                raise AssertionError(f"build_mar failed for {archive_args}: {err}") from err
+        return Built(archive, printed.getvalue())
+
+
+def split_registration(args: list[str]) -> tuple[list[str], dict[str, int]]:
+    """`args` without the REGISTRATION_FLAGS, and the settings those flags asked for."""
+    archive_args, settings = [], {}
+    words = iter(args)
+    for word in words:
+        flag, sep, value = word.partition("=")
+        if flag in REGISTRATION_FLAGS:
+            value = value if sep else next(words)
+            settings.update(dict.fromkeys(REGISTRATION_FLAGS[flag], int(value)))
+        else:
+            archive_args.append(word)
+    return archive_args, settings
+
+
+def archive_key(args: list[str]) -> tuple:
+    """`args` with the model folder's path replaced by its name (the served model_id) and its
+    files' names and contents: folders made alike in two test modules share one build, and a test
+    that rewrites a file builds again."""
+    if "--model" not in args or not Path(args[args.index("--model") + 1]).is_dir():
+        return tuple(args)
+    at = args.index("--model") + 1
+    folder = Path(args[at]).resolve()
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    names = "\n".join(str(path.relative_to(folder)) for path in files)
+    return (*args[:at], folder.name, names, sha256_files(files), *args[at + 1:])
+
+
+def install(archive: Archive, config: Path, archive_args: list[str], settings: dict[str, int]) -> Path:
+    """A copy of `archive` in `config`'s model store with `settings`, registered in `config`."""
+    store = config.parent / "model_store"
+    store.mkdir(exist_ok=True)
+    mar = store / archive.mar.name
+    registration = {**archive.registration, **settings}
+    if registration == archive.registration:
+        shutil.copyfile(archive.mar, mar)
+    else:
+        with_settings(archive.mar, mar, registration)
+    args = parse_args([*archive_args, "--config", str(config)])
+    name = args.name or mar.stem
+    register(replace(archive, mar=mar, registration=registration), config, name, args.version)
+    return mar
+
+
+def with_settings(source: Path, target: Path, registration: dict[str, int]) -> None:
+    """`source` copied to `target`, its model-config.yaml saying `registration`."""
+    with zipfile.ZipFile(source) as built, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        manifest = json.loads(built.read("MAR-INF/MANIFEST.json"))
+        config_file = manifest["model"].get("configFile", CONFIG_FILE)
+        for member in built.infolist():
+            data = built.read(member)
+            if member.filename == config_file:
+                data = yaml.safe_dump({**yaml.safe_load(data), **registration}, sort_keys=False).encode()
+            archive.writestr(member, data)
+
+
+class Tee(io.StringIO):
+    """Keeps what is written and passes it on to `stream`."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        return super().write(text)
