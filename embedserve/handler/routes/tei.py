@@ -190,9 +190,9 @@ def _rerank(model: ServedModel) -> dict[str, Any]:
 
 def _checked_only(key: str, schema: dict[str, Any]) -> dict[str, Any]:
     """An embedding option as /tokenize checks it, which it then ignores: its type and its
-    choices, not the bounds of what a model embeds (the most dimensions, the longest overlap, a
-    dense model's chunking)."""
-    schema = {name: value for name, value in schema.items() if name not in ("maximum", "default")}
+    choices, not the bounds of what a model embeds (the most dimensions, the longest overlap, as
+    many `chunk_spans` lists as inputs, a dense model's chunking)."""
+    schema = {name: value for name, value in schema.items() if name not in ("maximum", "maxItems", "default")}
     if key == "long_input":
         schema["enum"] = [*OPTION_TYPES[key][1], None]
     return {**schema, "description": f"{OPTION_NOTES[key]}; checked, no effect here"}

@@ -154,6 +154,19 @@ def test_the_schema_refuses_what_the_service_refuses(engine, body):
     assert 400 <= response.status < 500, (body, response.body)
 
 
+def test_tokenize_checks_the_embedding_options_types_not_their_bounds(engine):
+    """/tokenize ignores the embedding options: more `chunk_spans` lists than inputs (even more than
+    max_inputs_per_request) are answered, so its schema bounds neither."""
+    body = {"inputs": "hello", "chunk_spans": [[[0, 1]]] * 51, "dimensions": 33}
+    jsonschema.validate(body, schema_of(engine.openapi(), "TokenizeRequest"))
+    [response] = engine.handle([RawRequest(json.dumps(body).encode(), "application/json", "tokenize")])
+    assert response.status == 200, response.body
+    wrong_type = {"inputs": "hello", "chunk_spans": [[[0]]]}
+    assert not jsonschema.Draft202012Validator(schema_of(engine.openapi(), "TokenizeRequest")).is_valid(wrong_type)
+    [response] = engine.handle([RawRequest(json.dumps(wrong_type).encode(), "application/json", "tokenize")])
+    assert response.status == 400, response.body
+
+
 def test_a_get_answers_405_naming_the_allowed_method(engine):
     for path in ("", "v1/embeddings", "embed", "tokenize"):
         [response] = engine.handle([RawRequest(b"", None, path, method="GET")])
