@@ -93,7 +93,9 @@ def _schema(served, document):
     config = SchemathesisConfig.from_dict({
         "base-url": served.url("inference"),
         "headers": served.auth(),
-        "generation": {"mode": "all", "max-examples": EXAMPLES},
+        # No example database: a clean clone has none to replay, and keeping one makes hypothesis
+        # spend a quarter of the run optimising what it would store (its pareto front).
+        "generation": {"mode": "all", "max-examples": EXAMPLES, "database": "none"},
         # The largest request the limits admit may take a quarter of the worker's response timeout
         # (docs/requests.md): schemathesis' default of 10 s would call it an error.
         "request-timeout": RESPONSE_TIMEOUT_S,
