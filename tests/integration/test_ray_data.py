@@ -4,6 +4,9 @@ serves: the job spread over both nodes, vectors the same bytes the service answe
 service would refuse failing alone; and every row exactly once after an actor, or a whole node, is
 killed in the middle of the job.
 
+One cluster serves the module's jobs, as a user's cluster serves one job after another: each test
+counts only the actors its own job started (JobActors), and the test that loses a node runs last.
+
 Ray's own servers listen on every interface (no Ray option binds them to loopback); the cluster
 advertises 127.0.0.1 and refuses clients without its token."""
 
@@ -15,6 +18,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +37,7 @@ pytestmark = pytest.mark.integration
 JOB_TIMEOUT_S = 600
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
     ray_cluster = RayCluster().start()
     try:
@@ -90,6 +94,7 @@ def test_a_two_node_job_gives_the_services_vectors_for_every_row(cluster, server
     max_chars = requests_info(server)["max_input_chars"]
     cells = [*texts, None, "", "y" * (max_chars + 1)]
     ids = corpus(tmp_path / "corpus.parquet", cells)
+    actors = JobActors(cluster)
     done = job(cluster, server, "tiny", tmp_path / "corpus.parquet", tmp_path / "out", "--actors", "2",
                "--batch-rows", "40")
     assert f"{len(cells)} rows embedded" in done.stderr and "3 failed" in done.stderr, done.stderr[-2000:]
@@ -116,7 +121,7 @@ def test_a_two_node_job_gives_the_services_vectors_for_every_row(cluster, server
     assert np.sum(served * reference, axis=1).min() >= 0.9999
 
     # an actor on each node
-    assert len(set(ready_nodes(cluster))) == 2, ready_nodes(cluster)
+    assert len(actors.nodes()) == 2, actors.ready()
 
 
 def requests_info(server) -> dict:
@@ -130,17 +135,33 @@ FAULT_ROWS = 20_000
 EMBEDDER = "ArchiveEmbedder"
 
 
-def ready_nodes(cluster) -> list[str]:
-    """The node of each actor that got ready, in the order they did."""
-    return re.findall(r"embedder ready on node (\w+)", cluster.logs())
+def ready_nodes(cluster) -> Counter:
+    """How many actors got ready on each node, in the cluster's life."""
+    return Counter(re.findall(r"embedder ready on node (\w+)", cluster.logs()))
 
 
-def in_full_swing(cluster, output: Path, running: subprocess.Popen, timeout_s: float = 300) -> None:
+class JobActors:
+    """The actors that got ready since this was made: those of the job started after it."""
+
+    def __init__(self, cluster):
+        self.cluster, self.before = cluster, ready_nodes(cluster)
+
+    def ready(self) -> Counter:
+        return ready_nodes(self.cluster) - self.before
+
+    def count(self) -> int:
+        return sum(self.ready().values())
+
+    def nodes(self) -> set[str]:
+        return set(self.ready())
+
+
+def in_full_swing(actors: JobActors, output: Path, running: subprocess.Popen, timeout_s: float = 300) -> None:
     """Wait until both actors are ready and the job has written its first output file."""
     deadline = time.monotonic() + timeout_s
-    while len(ready_nodes(cluster)) < 2 or not list(output.glob("*.parquet")):
+    while actors.count() < 2 or not list(output.glob("*.parquet")):
         assert running.poll() is None, f"the job ended before writing: {job_log(output)[-3000:]}"
-        assert time.monotonic() < deadline, f"not under way in time: {ready_nodes(cluster)}"
+        assert time.monotonic() < deadline, f"not under way in time: {actors.ready()}"
         time.sleep(0.2)
 
 
@@ -165,35 +186,38 @@ def same_as_served(server, table: pa.Table, texts: list[str], sample: int = 300)
     assert all(by_id[f"doc-{i}"].tobytes() == vector.tobytes() for i, vector in zip(picked, served))
 
 
-def survives(cluster, server, tmp_path: Path, seed: int, fault) -> None:
-    """`fault()` in the middle of a job, both actors at work: it still ends with every row once,
-    each the service's vector."""
+def survives(cluster, server, tmp_path: Path, seed: int, fault) -> JobActors:
+    """`fault(actors)` in the middle of a job, both actors at work: it still ends with every row
+    once, each the service's vector. The job's actors."""
     texts = varied_texts(FAULT_ROWS, seed=seed)
     ids = corpus(tmp_path / "corpus.parquet", texts)
+    actors = JobActors(cluster)
     running = job(cluster, server, "tiny", tmp_path / "corpus.parquet", tmp_path / "out", "--actors", "2",
                   "--batch-rows", "100", background=True)
-    in_full_swing(cluster, tmp_path / "out", running)
+    in_full_swing(actors, tmp_path / "out", running)
     written = len(list((tmp_path / "out").glob("*.parquet")))
-    fault()
+    fault(actors)
     stderr = finished(running, tmp_path / "out")
     assert f"{FAULT_ROWS} rows embedded" in stderr and ", 0 failed" in stderr, stderr[-2000:]
     assert written < len(list((tmp_path / "out").glob("*.parquet"))), "the fault came after the last write"
     same_as_served(server, embedded_once(tmp_path / "out", ids), texts)
+    return actors
 
 
 def test_an_actor_killed_mid_job_leaves_every_row_exactly_once(cluster, server, tmp_path):
-    def kill_an_actor():
-        actors = cluster.actor_processes(EMBEDDER)
-        assert len(actors) == 2, actors
-        actors[0].kill()  # SIGKILL
+    def kill_an_actor(actors):
+        processes = cluster.actor_processes(EMBEDDER)
+        assert len(processes) == 2, processes
+        processes[0].kill()  # SIGKILL
 
-    survives(cluster, server, tmp_path, 5, kill_an_actor)
-    assert len(ready_nodes(cluster)) >= 3  # Ray started another actor
+    actors = survives(cluster, server, tmp_path, 5, kill_an_actor)
+    assert actors.count() >= 3  # Ray started another actor
 
 
+# Last of the module: the cluster has one node after it.
 def test_a_node_lost_mid_job_leaves_every_row_exactly_once(cluster, server, tmp_path):
-    def lose_the_second_node():
-        assert len(set(ready_nodes(cluster))) == 2  # an actor on each node
+    def lose_the_second_node(actors):
+        assert len(actors.nodes()) == 2, actors.ready()  # an actor on each node
         cluster.second_node_raylet().kill()  # the node goes, its actor with it
 
     survives(cluster, server, tmp_path, 6, lose_the_second_node)
