@@ -1,5 +1,6 @@
-"""Shared fixtures: a tiny random BERT made offline, an in-process engine on it, and one real
-TorchServe per test session serving the tiny model and the real all-MiniLM-L6-v2. The helpers
+"""Shared fixtures: a tiny random BERT made offline, an in-process engine on it, one real
+TorchServe per test session serving the tiny model and the real all-MiniLM-L6-v2, and one serving
+the catalog of sparse, hybrid and multi-vector models. The helpers
 behind them are in tests/support/."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 from embedserve.archive.onnx_export import export_onnx
 from embedserve.handler.service import EmbeddingService
 from embedserve.scripts.serverctl import TorchServe
+from tests.support.catalog import catalog_builds, make_catalog_models
 from tests.support.engines import make_engine
 from tests.support.model_families import FAMILIES, make_family
 from tests.support.redis_server import RedisServer
@@ -62,6 +64,18 @@ def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
     minilm = ["--workers", "1", "--batch-size", "16"]
     packed = ["--model", str(tiny_model_dir), "--name", "tinypacked", "--workers", "1", "--set", "packed=true"]
     with serving(tmp_path_factory.mktemp("torchserve"), tiny, minilm, packed) as ts:
+        yield ts
+
+
+@pytest.fixture(scope="session")
+def catalog_models(tmp_path_factory) -> dict[str, Path]:
+    return make_catalog_models(tmp_path_factory.mktemp("catalog-models"))
+
+
+@pytest.fixture(scope="session")
+def catalog(tmp_path_factory, catalog_models) -> TorchServe:
+    """The sparse, hybrid and multi-vector models on one server (tests/support/catalog.py)."""
+    with serving(tmp_path_factory.mktemp("catalog"), *catalog_builds(catalog_models)) as ts:
         yield ts
 
 

@@ -18,9 +18,9 @@ import pytest
 import requests
 from openapi_spec_validator import validate
 
-from tests.support.m3_models import make_m3, reference_m3
+from tests.support.catalog import HYBRID
+from tests.support.m3_models import reference_m3
 from tests.support.model_families import corpus
-from tests.support.serving import serving
 from tests.support.sparse_models import assert_same_sparse, served_sparse
 
 pytestmark = pytest.mark.integration
@@ -32,16 +32,14 @@ MIN_COLBERT_COSINE = 0.9999
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_m3(tmp_path_factory.mktemp("m3") / "bge-m3")
+def model(catalog_models):
+    return catalog_models[HYBRID]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, model):
-    # As a user builds it: no options but the model and its name; one worker for the test's 2 cores.
-    with serving(tmp_path_factory.mktemp("m3-torchserve"), ["--model", str(model), "--name", "m3", "--workers", "1"]) \
-            as ts:
-        yield ts
+def server(catalog):
+    """The session's catalog server (tests/support/catalog.py): built as a user builds it."""
+    return catalog
 
 
 @pytest.fixture(scope="module")

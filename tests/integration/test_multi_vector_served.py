@@ -14,23 +14,22 @@ import openai
 import pytest
 import requests
 
+from tests.support.catalog import MULTI_VECTOR
 from tests.support.model_families import corpus
-from tests.support.multi_vector_models import make_colbert, reference_maxsim, reference_tokens
-from tests.support.serving import serving
+from tests.support.multi_vector_models import reference_maxsim, reference_tokens
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_colbert(tmp_path_factory.mktemp("colbert") / "colbert")
+def model(catalog_models):
+    return catalog_models[MULTI_VECTOR]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, model):
-    with serving(tmp_path_factory.mktemp("colbert-torchserve"), ["--model", str(model), "--name", "colbert",
-                                                                 "--workers", "1"]) as ts:
-        yield ts
+def server(catalog):
+    """The session's catalog server (tests/support/catalog.py): built as a user builds it."""
+    return catalog
 
 
 def post(server, route, body, status=200):

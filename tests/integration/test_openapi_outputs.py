@@ -10,27 +10,21 @@ import pytest
 from openapi_spec_validator import validate
 
 from tests.integration.test_openapi import _document, _identities, _schema, fuzz, summary
-from tests.support.m3_models import make_m3
-from tests.support.multi_vector_models import make_colbert
-from tests.support.serving import serving
-from tests.support.sparse_models import make_splade
 
 pytestmark = pytest.mark.integration
 
-MAKERS = {"splade": make_splade, "m3": make_m3, "colbert": make_colbert}
 OPERATIONS = {"splade": ("", "v1/embeddings", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
               "colbert": ("", "v1/embeddings", "embed_all", "rerank", "v1/rerank", "v2/rerank")}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    builds = [["--model", str(make(tmp_path_factory.mktemp(f"openapi-{name}") / name)), "--name", name,
-               "--workers", "1", "--batch-size", "8", "--max-batch-delay", "1"] for name, make in MAKERS.items()]
-    with serving(tmp_path_factory.mktemp("openapi-outputs"), *builds) as ts:
-        yield ts
+def served(catalog):
+    """The session's catalog server (tests/support/catalog.py); the fuzzer sends one request at a
+    time, which the build's default delay (1 ms) serves at once."""
+    return catalog
 
 
-@pytest.mark.parametrize("name", MAKERS)
+@pytest.mark.parametrize("name", OPERATIONS)
 def test_every_operation_holds_to_its_document(served, name):
     before = _identities(served, name)
     document = _document(served, name)

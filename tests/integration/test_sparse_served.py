@@ -14,30 +14,21 @@ import pytest
 import requests
 from openapi_spec_validator import validate
 
+from tests.support.catalog import SPARSE, SPARSE_SHAPES as SHAPES
 from tests.support.model_families import corpus
-from tests.support.serving import serving
-from tests.support.sparse_models import (assert_same_sparse, make_inference_free, make_splade, reference_sparse,
-                                         served_sparse)
+from tests.support.sparse_models import assert_same_sparse, reference_sparse, served_sparse
 
 pytestmark = pytest.mark.integration
 
-SHAPES = {"splade": ("bert", "max", "relu"), "splade-xlmr": ("xlmr", "sum", "log1p_relu")}
+@pytest.fixture(scope="module")
+def models(catalog_models):
+    return {name: catalog_models[name] for name in SPARSE}
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sparse")
-    return {**{name: make_splade(root / name, family=family, strategy=strategy, activation=activation)
-               for name, (family, strategy, activation) in SHAPES.items()},
-            "splade-free": make_inference_free(root / "splade-free")}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, models):
-    # As a user builds them: no options but the model and its name; one worker each for the test's 2 cores.
-    builds = [["--model", str(path), "--name", name, "--workers", "1"] for name, path in models.items()]
-    with serving(tmp_path_factory.mktemp("sparse-torchserve"), *builds) as ts:
-        yield ts
+def server(catalog):
+    """The session's catalog server (tests/support/catalog.py): built as a user builds them."""
+    return catalog
 
 
 def post(server, name, route, body, status=200):

@@ -1,0 +1,32 @@
+"""The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3) and multi-vector (ColBERT)
+models, served by one real TorchServe built as a user builds them (the model and its name, one
+worker each). The served tests of those outputs and their OpenAPI fuzzing share it
+(tests/conftest.py): a server of its own only where a test needs a server-wide property."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.m3_models import make_m3
+from tests.support.multi_vector_models import make_colbert
+from tests.support.sparse_models import make_inference_free, make_splade
+
+# The SPLADE shapes served: BERT with max pooling, XLM-R with sum pooling and log1p_relu.
+SPARSE_SHAPES = {"splade": ("bert", "max", "relu"), "splade-xlmr": ("xlmr", "sum", "log1p_relu")}
+SPARSE = (*SPARSE_SHAPES, "splade-free")  # and an inference-free model (queries looked up)
+HYBRID = "m3"
+MULTI_VECTOR = "colbert"
+
+
+def make_catalog_models(root: Path) -> dict[str, Path]:
+    """Each served name's model folder, made in `root`."""
+    models = {name: make_splade(root / name, family=family, strategy=strategy, activation=activation)
+              for name, (family, strategy, activation) in SPARSE_SHAPES.items()}
+    models["splade-free"] = make_inference_free(root / "splade-free")
+    models[HYBRID] = make_m3(root / "bge-m3")
+    models[MULTI_VECTOR] = make_colbert(root / "colbert")
+    return models
+
+
+def catalog_builds(models: dict[str, Path]) -> list[list[str]]:
+    return [["--model", str(path), "--name", name, "--workers", "1"] for name, path in models.items()]
