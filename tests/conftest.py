@@ -88,6 +88,17 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+INTEGRATION = Path(__file__).parent / "integration"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under tests/integration carries the `integration` marker (`-m "not integration"`:
+    the unit tests), whether or not its module says so."""
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_terminal_summary(terminalreporter):
     if ARCHIVES.built or ARCHIVES.reused:
         terminalreporter.write_line(f"archives: {ARCHIVES.built} built, {ARCHIVES.reused} reused (tests/support/archives.py)")
