@@ -244,7 +244,9 @@ class TorchServe:
         return True
 
     def pending_requests(self) -> int:
-        """Requests queued for any model and not yet in a batch (0 when the API cannot say)."""
+        """Requests queued for any model and not yet in a batch, that a READY worker will take
+        (0 when the API cannot say). A model with no READY worker (one that cannot load, dying at
+        each start) answers none of its queue however long a drain waits for it."""
         pending = 0
         for name in self.models:
             try:
@@ -253,7 +255,7 @@ class TorchServe:
             except (requests.RequestException, OSError, ValueError, KeyError):
                 return 0
             pending += sum(int((entry.get("jobQueueStatus") or {}).get("pendingRequests", 0)) for entry in described
-                           if isinstance(entry, dict))
+                           if isinstance(entry, dict) and _has_a_ready_worker(entry))
         return pending
 
     def _count_in_log(self, name: str, needle: str) -> int:
@@ -310,6 +312,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _has_a_ready_worker(described: dict) -> bool:
+    return any(isinstance(worker, dict) and worker.get("status") == "READY" for worker in described.get("workers") or [])
 
 
 def isolated_config(root: Path, base: Path, name: str = "config.properties", **properties: str) -> Path:
