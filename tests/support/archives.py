@@ -21,6 +21,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable, Iterator
 
 import yaml
 
@@ -35,6 +36,7 @@ REGISTRATION_FLAGS = {"--workers": ("minWorkers", "maxWorkers"), "--batch-size":
                       "--startup-timeout": ("startupTimeout",)}
 assert {key for keys in REGISTRATION_FLAGS.values() for key in keys} == set(REGISTRATION)
 CONFIG_FILE = "model-config.yaml"
+MANIFEST = "MAR-INF/MANIFEST.json"
 
 
 @dataclass(frozen=True)
@@ -121,14 +123,26 @@ def install(archive: Archive, config: Path, archive_args: list[str], settings: d
 
 def with_settings(source: Path, target: Path, registration: dict[str, int]) -> None:
     """`source` copied to `target`, its model-config.yaml saying `registration`."""
+    with zipfile.ZipFile(source) as built:
+        config_file = json.loads(built.read(MANIFEST))["model"].get("configFile", CONFIG_FILE)
+
+    def settled(name: str, data: bytes) -> bytes:
+        if name != config_file:
+            return data
+        return yaml.safe_dump({**yaml.safe_load(data), **registration}, sort_keys=False).encode()
+
+    with rewritten(source, target, settled):
+        pass
+
+
+@contextlib.contextmanager
+def rewritten(source: Path, target: Path, change: Callable[[str, bytes], bytes]) -> Iterator[zipfile.ZipFile]:
+    """`source` copied to `target` member by member, each member's bytes through `change(name,
+    data)`; the target is yielded open, for members to add."""
     with zipfile.ZipFile(source) as built, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
-        manifest = json.loads(built.read("MAR-INF/MANIFEST.json"))
-        config_file = manifest["model"].get("configFile", CONFIG_FILE)
         for member in built.infolist():
-            data = built.read(member)
-            if member.filename == config_file:
-                data = yaml.safe_dump({**yaml.safe_load(data), **registration}, sort_keys=False).encode()
-            archive.writestr(member, data)
+            archive.writestr(member, change(member.filename, built.read(member)))
+        yield archive
 
 
 class Tee(io.StringIO):

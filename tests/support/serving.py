@@ -7,14 +7,13 @@ import json
 import os
 import shutil
 import tempfile
-import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from embedserve.archive.ts_config import update_properties
 from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.support import REPO
-from tests.support.archives import ArchiveCache
+from tests.support.archives import MANIFEST, ArchiveCache, rewritten
 from tests.support.faults import FAULTS_ENV
 
 # Builds whose vectors tests hold to float32's precision (atol 1e-5, min cosine 0.9999) pin it: under
@@ -52,19 +51,19 @@ def with_fault_entry(mar: Path) -> None:
     injects the faults EMBEDSERVE_TEST_FAULTS names: the entry goes to the archive's root, where the
     build puts the real one, and into the manifest; the test modules it imports go beside embedserve/,
     where the worker imports them from."""
-    rewritten = mar.with_name(f"{mar.name}.part")
-    with zipfile.ZipFile(mar) as built, zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as archive:
-        for member in built.infolist():
-            data = built.read(member)
-            if member.filename == "MAR-INF/MANIFEST.json":
-                manifest = json.loads(data)
-                manifest["model"]["handler"] = FAULT_ENTRY
-                data = json.dumps(manifest, indent=2).encode()
-            archive.writestr(member, data)
+    def entered(name: str, data: bytes) -> bytes:
+        if name != MANIFEST:
+            return data
+        manifest = json.loads(data)
+        manifest["model"]["handler"] = FAULT_ENTRY
+        return json.dumps(manifest, indent=2).encode()
+
+    part = mar.with_name(f"{mar.name}.part")
+    with rewritten(mar, part, entered) as archive:
         archive.write(REPO / "tests" / "support" / FAULT_ENTRY, FAULT_ENTRY)
         for path in FAULT_MODULES:
             archive.write(REPO / path, path)
-    rewritten.replace(mar)
+    part.replace(mar)
 
 
 @contextmanager
