@@ -42,6 +42,8 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 @dataclass(frozen=True)
 class Built:
     archive: Archive
+    name: str  # the served name and version the build resolved
+    version: str
     stderr: str
 
 
@@ -63,7 +65,7 @@ class ArchiveCache:
         else:
             self.reused += 1
             sys.stderr.write(built.stderr)
-        return install(built.archive, config, archive_args, settings)
+        return install(built, config, settings)
 
     def _make(self, archive_args: list[str]) -> Built:
         folder = Path(tempfile.mkdtemp(prefix="build-", dir=self.root))
@@ -75,7 +77,7 @@ class ArchiveCache:
                 archive = make_archive(args)
             except BUILD_ERRORS as err:
                 raise AssertionError(f"build_mar failed for {archive_args}: {err}") from err
-        return Built(archive, printed.getvalue())
+        return Built(archive, args.name, args.version, printed.getvalue())
 
 
 def split_registration(args: list[str]) -> tuple[list[str], dict[str, int]]:
@@ -105,8 +107,9 @@ def archive_key(args: list[str]) -> tuple:
     return (*args[:at], folder.name, names, sha256_files(files), *args[at + 1:])
 
 
-def install(archive: Archive, config: Path, archive_args: list[str], settings: dict[str, int]) -> Path:
-    """A copy of `archive` in `config`'s model store with `settings`, registered in `config`."""
+def install(built: Built, config: Path, settings: dict[str, int]) -> Path:
+    """A copy of the built archive in `config`'s model store with `settings`, registered in `config`."""
+    archive = built.archive
     store = config.parent / "model_store"
     store.mkdir(exist_ok=True)
     mar = store / archive.mar.name
@@ -115,9 +118,7 @@ def install(archive: Archive, config: Path, archive_args: list[str], settings: d
         shutil.copyfile(archive.mar, mar)
     else:
         with_settings(archive.mar, mar, registration)
-    args = parse_args([*archive_args, "--config", str(config)])
-    name = args.name or mar.stem
-    register(replace(archive, mar=mar, registration=registration), config, name, args.version)
+    register(replace(archive, mar=mar, registration=registration), config, built.name, built.version)
     return mar
 
 
