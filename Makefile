@@ -72,7 +72,7 @@ test: $(VENV)/.installed-test
 	@bash scripts/require_java.sh
 	@bash scripts/require_redis.sh
 	@bash scripts/require_chromium.sh
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 check: $(VENV)/.installed-test
 	$(PY) -m pytest tests/unit

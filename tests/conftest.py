@@ -91,12 +91,40 @@ def redis_server(tmp_path_factory):
 INTEGRATION = Path(__file__).parent / "integration"
 
 
+# The modules that use the catalog's server: `make test`'s pytest-xdist workers run them on one
+# worker, which starts that server once (every other module is a unit of its own).
+CATALOG_MODULES = ("tests/integration/test_hybrid_served.py", "tests/integration/test_multi_vector_served.py",
+                   "tests/integration/test_openapi_outputs.py", "tests/integration/test_sparse_served.py")
+
+
 def pytest_collection_modifyitems(items):
     """Every test under tests/integration carries the `integration` marker (`-m "not integration"`:
-    the unit tests), whether or not its module says so."""
+    the unit tests), whether or not its module says so; a module that uses the catalog is one of
+    CATALOG_MODULES."""
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
+    unlisted = {item.nodeid.split("::")[0] for item in items if "catalog" in item.fixturenames} - set(CATALOG_MODULES)
+    if unlisted:
+        raise pytest.UsageError(f"{sorted(unlisted)} use the catalog: add them to CATALOG_MODULES (tests/conftest.py)")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist (`make test`: -n 2) hands a worker whole modules, so that a module's servers
+    start once, and every catalog module to one worker. They go in the order collected, the long
+    integration modules first and the short unit modules last, which fill the end evenly (xdist's
+    own order, the most tests first, left a minute with one worker idle)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "catalog" if module in CATALOG_MODULES else module
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter):

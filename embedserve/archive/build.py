@@ -405,7 +405,11 @@ def run_archiver(args: argparse.Namespace, stage: Path, config_file: Path) -> Pa
         "--export-path", str(args.export_path), "--force",
     ]
     args.export_path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(command, capture_output=True, text=True)
+    # The archiver copies the extra files through $TMPDIR/<model name>, which two builds of one name
+    # on one machine would share (each deleting the other's files): give it a folder of this build's.
+    scratch = stage.parent / "archiver-tmp"
+    scratch.mkdir(exist_ok=True)
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     if result.returncode != 0:
         raise BuildError(f"torch-model-archiver failed:\n{result.stderr.strip() or result.stdout.strip()}")
     return args.export_path / f"{args.name}.mar"

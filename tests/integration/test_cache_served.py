@@ -8,7 +8,8 @@ import pytest
 
 from embedserve.handler.worker.metrics import COUNTER_FLUSH_S
 from tests.support.cache import TTL_S, embed
-from tests.support.client import concurrently, metric_growth, metric_samples, metric_samples_after, predict, vectors
+from tests.support.client import (concurrently, metric_growth, metric_samples_after, predict,
+                                  settled_metric_samples, vectors)
 from tests.support.engines import TEXTS, matrix
 from tests.support.serving import FLOAT32, build, make_server_config, serving
 
@@ -31,7 +32,7 @@ def test_cache_through_torchserve(cached_server, redis_server, tiny_engine):
     for response, reference in zip(first, expected):
         np.testing.assert_allclose(vectors(response), reference, atol=1e-5)
     time.sleep(COUNTER_FLUSH_S + 1)  # the first round's counters are all sent
-    before = metric_samples(cached_server)
+    before = settled_metric_samples(cached_server)
     second = concurrently([lambda b=b: predict(cached_server, b) for b in bodies])
     for response, reference in zip(second, expected):
         np.testing.assert_allclose(vectors(response), reference, atol=1e-5)

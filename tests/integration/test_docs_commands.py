@@ -27,7 +27,7 @@ from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.support import REPO
 from tests.support.doc_commands import (DOCS, SHELL_PRELUDE, Call, blocks, calls, fresh_copy, runnable, shell_script,
                                         substitute)
-from tests.support.serving import environment
+from tests.support.serving import build, environment
 from tests.support.rerankers import make_reranker
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
@@ -72,6 +72,11 @@ def served(tmp_path_factory):
     # make serve would otherwise reinstall the shared .venv from this copy.
     stale = subprocess.run(["make", "-q", ".venv/.installed"], cwd=root).returncode
     assert stale == 0, "the environment is older than setup.cfg or pyproject.toml: run `make serve` first"
+    # `make serve` builds the default model as `./build_mar.sh` does unless its archive is newer than
+    # the code: the suite's build of it (the same arguments, none) stands in, made once a session.
+    mar = build(root / "config.properties")
+    os.utime(mar)
+    assert subprocess.run(["make", "-q", "model_store/minilm.mar"], cwd=root).returncode == 0
     model_dir = make_tiny_model(tmp_path_factory.mktemp("placeholder") / "hf-model-folder")
     make_reranker("bert", model_dir.parent / "cross-encoder-folder")  # the README's reranker placeholder
     make_splade(model_dir.parent / "splade-folder")  # docs/models.md's sparse model placeholder

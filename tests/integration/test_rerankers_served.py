@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.support.client import metric_growth, metric_samples, metric_samples_after
+from tests.support.client import metric_growth, metric_samples_after, settled_metric_samples
 from tests.support.fuzz import workers
 from tests.support.rerankers import LABELS, PAIRS, RERANKERS, make_reranker, reference_scores
 from tests.support.serving import serving
@@ -199,7 +199,7 @@ def test_each_task_refuses_the_other_s_routes(server):
 
 
 def test_metrics_count_pairs_under_their_task(server):
-    before = metric_samples(server, "xlmr")
+    before = settled_metric_samples(server, "xlmr")
     post(server, "xlmr", "rerank", {"query": "hello", "texts": ["world", "the cat", "a dog"]})
     post(server, "xlmr", "predict", {"inputs": ["hello", "world"]})
     after = metric_samples_after(server, before, requests=2, model="xlmr")

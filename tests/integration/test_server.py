@@ -11,8 +11,8 @@ import openai
 import pytest
 import requests
 
-from tests.support.client import (concurrently, metric_growth, metric_samples, metric_samples_after, predict,
-                                  vectors)
+from tests.support.client import (concurrently, metric_growth, metric_samples_after, predict,
+                                  settled_metric_samples, vectors)
 from tests.support.engines import TEXTS, make_engine
 from tests.support.serving import TINY_BATCH_SIZE
 
@@ -311,7 +311,7 @@ def test_the_served_archives_hold_no_pickle(server):
 
 
 def test_handler_metrics_reach_prometheus(server):
-    before = metric_samples(server)
+    before = settled_metric_samples(server)
     responses = concurrently([lambda i=i: predict(server, {"input": [f"metric text {i}", "hello world"]})
                               for i in range(6)] + [lambda: predict(server, {"input": []})])
     assert [r.status_code for r in responses] == [200] * 6 + [400]

@@ -8,13 +8,21 @@ TorchServe settings into its model-config.yaml (which TorchServe reads before co
 `models=`) and registers it, as `./build_mar.sh` would have. What the build printed on standard
 error is printed again: tests read its notes.
 
+The cache is a folder the session's processes share (pytest-xdist's workers inherit its path
+from the process that made it): a build runs under the lock of its key, so a worker that asks for an
+archive another is building waits for it instead of building it again.
+
 tests/unit/archive builds without the cache: those tests check the build itself."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import fcntl
+import hashlib
 import io
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -46,29 +54,67 @@ class Built:
     version: str
     stderr: str
 
+    def to_json(self) -> str:
+        archive = {"mar": str(self.archive.mar), "frontend": self.archive.frontend,
+                   "registration": self.archive.registration}
+        return json.dumps({"archive": archive, "name": self.name, "version": self.version, "stderr": self.stderr})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Built":
+        record = json.loads(text)
+        archive = record.pop("archive")
+        return cls(Archive(Path(archive["mar"]), archive["frontend"], archive["registration"]), **record)
+
 
 class ArchiveCache:
-    """Builds in `root`, each once; `reused` and `built` count what it saved."""
+    """Builds in `root`, each once across the processes that share `root`: a build's folder holds
+    its archive and its record (RECORD), written under the key's lock."""
+
+    ROOT_ENV = "EMBEDSERVE_TEST_ARCHIVES"
+    RECORD = "built.json"
+    REUSED = "reused.log"  # a line for each reuse, by any process
 
     def __init__(self, root: Path):
-        self.root, self.built, self.reused = root, 0, 0
-        self._archives: dict[tuple, Built] = {}
+        self.root = root
+
+    @classmethod
+    def for_session(cls) -> "ArchiveCache":
+        """The folder the session's first process made and named in ROOT_ENV, which the processes
+        it starts inherit; removed when that first process exits."""
+        root = os.environ.get(cls.ROOT_ENV)
+        if root is None:
+            root = os.environ[cls.ROOT_ENV] = tempfile.mkdtemp(prefix="embedserve-archives-")
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+        return cls(Path(root))
+
+    @property
+    def built(self) -> int:
+        return len(list(self.root.glob(f"*/{self.RECORD}")))
+
+    @property
+    def reused(self) -> int:
+        log = self.root / self.REUSED
+        return len(log.read_text().splitlines()) if log.is_file() else 0
 
     def build(self, config: Path, *args: str) -> Path:
         """build_mar `args` into the model store beside `config`, registered in it; the .mar."""
         archive_args, settings = split_registration(list(args))
-        key = archive_key(archive_args)
-        built = self._archives.get(key)
-        if built is None:
-            built = self._archives[key] = self._make(archive_args)
-            self.built += 1
-        else:
-            self.reused += 1
-            sys.stderr.write(built.stderr)
+        folder = self.root / hashlib.sha256(repr(archive_key(archive_args)).encode()).hexdigest()[:16]
+        record = folder / self.RECORD
+        with _locked(folder.with_suffix(".lock")):
+            if record.is_file():
+                built = Built.from_json(record.read_text())
+                with (self.root / self.REUSED).open("a") as log:
+                    log.write(f"{built.name}\n")
+                sys.stderr.write(built.stderr)
+            else:
+                built = self._make(archive_args, folder)
+                record.write_text(built.to_json())
         return install(built, config, settings)
 
-    def _make(self, archive_args: list[str]) -> Built:
-        folder = Path(tempfile.mkdtemp(prefix="build-", dir=self.root))
+    def _make(self, archive_args: list[str], folder: Path) -> Built:
+        shutil.rmtree(folder, ignore_errors=True)  # what a build that failed left
+        folder.mkdir()
         scratch = isolated_config(folder, REPO / "config.properties")  # only read by the build
         args = parse_args([*archive_args, "--export-path", str(folder / "model_store"), "--config", str(scratch)])
         printed = Tee(sys.stderr)
@@ -78,6 +124,17 @@ class ArchiveCache:
             except BUILD_ERRORS as err:
                 raise AssertionError(f"build_mar failed for {archive_args}: {err}") from err
         return Built(archive, args.name, args.version, printed.getvalue())
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (made if missing) among the machine's processes."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def split_registration(args: list[str]) -> tuple[list[str], dict[str, int]]:

@@ -49,6 +49,18 @@ def metric_samples(server, model="tiny") -> dict[tuple[str, str], float]:
     return samples
 
 
+def settled_metric_samples(server, model="tiny") -> dict[tuple[str, str], float]:
+    """The samples once the counters of earlier requests have arrived: two reads a flush apart
+    agree (a busy machine can hold a previous test's counters past its end)."""
+    samples, deadline = metric_samples(server, model), time.monotonic() + 10
+    while True:
+        time.sleep(COUNTER_FLUSH_S + 0.2)
+        again = metric_samples(server, model)
+        if again == samples or time.monotonic() > deadline:
+            return again
+        samples = again
+
+
 def metric_samples_after(server, before, requests, model="tiny"):
     """The samples once the counters show `requests` more requests: counters arrive summed, at
     most COUNTER_FLUSH_S after their batch (embedserve/handler/worker/metrics.py)."""

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,8 +34,7 @@ def make_server_config(root: Path, **properties: str) -> Path:
 
 
 # The session's archives, each built once (tests/support/archives.py); removed when the session ends.
-ARCHIVES = ArchiveCache(Path(tempfile.mkdtemp(prefix="embedserve-archives-")))
-atexit.register(shutil.rmtree, ARCHIVES.root, ignore_errors=True)
+ARCHIVES = ArchiveCache.for_session()
 
 
 def build(config: Path, *args: str) -> Path:

@@ -314,3 +314,25 @@ def test_default_workers_two_per_gpu_else_up_to_two_cores(monkeypatch):
     assert build._default_workers() == 2
     monkeypatch.setattr(build.os, "cpu_count", lambda: 1)
     assert build._default_workers() == 1
+
+
+def test_the_archiver_works_in_a_folder_of_its_own_build(tiny_model_dir, tmp_path, monkeypatch):
+    """torch-model-archiver copies an archive's files through $TMPDIR/<model name>: two builds of one
+    name on one machine (two CI jobs, two test workers) would delete each other's files there."""
+    from embedserve.archive.build import parse_args, run_archiver, stage_handler
+    from embedserve.archive.stage import stage_model
+
+    shared = tmp_path / "shared-tmp"
+    (shared / "same").mkdir(parents=True)
+    (shared / "same" / "another-build.txt").write_text("another build's file")
+    monkeypatch.setenv("TMPDIR", str(shared))
+    stage = tmp_path / "build" / "stage"
+    stage_model(tiny_model_dir, stage / "model")
+    stage_handler(stage)
+    config_file = tmp_path / "model-config.yaml"
+    config_file.write_text(yaml.safe_dump({"minWorkers": 1, "maxWorkers": 1}))
+    mar = run_archiver(parse_args(["--name", "same", "--export-path", str(tmp_path / "store")]), stage, config_file)
+    assert (shared / "same" / "another-build.txt").read_text() == "another build's file"
+    with zipfile.ZipFile(mar) as archive:
+        names = archive.namelist()
+    assert "another-build.txt" not in names and "model/config.json" in names
