@@ -181,7 +181,7 @@ def test_bad_lines_get_their_own_error_results_and_the_rest_is_answered(server, 
 
 
 def test_a_worker_restarted_mid_job_loses_no_row(server, tmp_path):
-    texts = varied_texts(20_000, seed=9)
+    texts = varied_texts(5_000, seed=9)  # the kill comes after 500, with over 500 requests of 8 to go
     ids = [f"doc-{i}" for i in range(len(texts))]
     pq.write_table(pa.table({"doc_id": ids, "text": texts}), tmp_path / "corpus.parquet")
     output = tmp_path / "vectors.jsonl"  # flushed after each request: its lines show the progress
@@ -193,6 +193,7 @@ def test_a_worker_restarted_mid_job_loses_no_row(server, tmp_path):
         time.sleep(0.05)
     [worker] = model_workers(server, "tiny")
     os.kill(worker["pid"], signal.SIGKILL)
+    assert running.poll() is None, "the job ended before the kill"
     assert running.wait(timeout=300) == 0
     wait_replaced(server, "tiny", {worker["pid"]}, 1, timeout=120)
     rows = [json.loads(line) for line in output.read_text().splitlines()]

@@ -130,8 +130,9 @@ def requests_info(server) -> dict:
     return answer.json()
 
 
-# The fault tests: a corpus long enough that the job is still embedding when the fault comes.
-FAULT_ROWS = 20_000
+# The fault tests: a corpus long enough that the job is still embedding when the fault comes (80
+# batches of 100 rows; survives() asserts files were written after it).
+FAULT_ROWS = 8_000
 EMBEDDER = "ArchiveEmbedder"
 
 

@@ -14,6 +14,7 @@ from embedserve.handler.assembly import assemble
 from embedserve.handler.settings import Settings
 from tests.support.long_inputs import LONG, call, cosine, reference
 from tests.support.sparse_models import make_splade
+from tests.support.inputs import varied_texts
 
 
 @pytest.mark.parametrize("overlap", [0, 7])
@@ -94,10 +95,13 @@ def test_the_windows_count_in_the_request_limits(tiny_model_dir):
 def test_the_largest_overlap_is_the_documents_and_served_with_any_prompt(service, st_model):
     limit = service.openapi()["components"]["schemas"]["EmbeddingRequest"]["properties"]["chunk_overlap"]["maximum"]
     assert limit == service.text.max_chunk_overlap == 43  # 48 less [CLS], [SEP] and the 2-token prompt, less one
+    # A step of one token: a window for each token past the first window's, so a text a few windows long.
+    text = " ".join(varied_texts(6, seed=3))
     for prompt_name in (None, "query", "document"):
-        status, answer = call(service, "v1/embeddings", {"input": LONG, "long_input": "chunk", "chunk_overlap": limit,
+        status, answer = call(service, "v1/embeddings", {"input": text, "long_input": "chunk", "chunk_overlap": limit,
                                                          "prompt_name": prompt_name})
         assert status == 200, answer
+        assert answer["data"][0]["windows"] > 10, answer["data"][0]["windows"]
 
 
 def test_other_requests_of_the_batch_are_unaffected(service):
