@@ -112,9 +112,9 @@ def pytest_collection_modifyitems(items):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist (`make test`: -n 2) hands a worker whole modules, so that a module's servers
-    start once, and every catalog module to one worker. They go in the order collected, the long
-    integration modules first and the short unit modules last, which fill the end evenly (xdist's
-    own order, the most tests first, left a minute with one worker idle)."""
+    start once, and every catalog module to one worker. They go in the order collected: the long
+    integration modules first, the short unit modules last, so that no long module starts when the
+    other worker is nearly done (xdist's own order, the most tests first, puts unit modules first)."""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False
