@@ -130,11 +130,8 @@ class ArchiveCache:
 def _locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path` (made if missing) among the machine's processes."""
     with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
 
 
 def split_registration(args: list[str]) -> tuple[list[str], dict[str, int]]:

@@ -12,9 +12,9 @@ import pytest
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.assembly import assemble
 from embedserve.handler.settings import Settings
+from tests.support.inputs import varied_texts
 from tests.support.long_inputs import LONG, call, cosine, reference
 from tests.support.sparse_models import make_splade
-from tests.support.inputs import varied_texts
 
 
 @pytest.mark.parametrize("overlap", [0, 7])
