@@ -58,7 +58,28 @@ def convert_to_native(folder: Path) -> str | None:
     staged["architectures"] = [native_class]
     staged[NATIVE_FIELD] = {"class": native_class, "converted_from": origin}
     (folder / "config.json").write_text(json.dumps(staged, indent=2))
+    _drop_loader_args(folder)
     return native_note(folder)
+
+
+# Arguments published for the original code's own loader in sentence_bert_config.json's
+# `model_args`: nomic-embed-text-v1.5's `safe_serialization` (its from_pretrained reads
+# model.safetensors when true). transformers passes them on to the native class, which takes no
+# such argument, so sentence-transformers could not load the converted folder; the staged folder
+# is safetensors whatever they said.
+_ORIGINAL_LOADER_ARGS = ("safe_serialization",)
+
+
+def _drop_loader_args(folder: Path) -> None:
+    path = folder / "sentence_bert_config.json"
+    if not path.is_file():
+        return
+    settings = json.loads(path.read_text())
+    model_args = settings.get("model_args")
+    if not isinstance(model_args, dict) or not any(name in model_args for name in _ORIGINAL_LOADER_ARGS):
+        return
+    settings["model_args"] = {k: v for k, v in model_args.items() if k not in _ORIGINAL_LOADER_ARGS}
+    path.write_text(json.dumps(settings, indent=2))
 
 
 def native_note(folder: Path) -> str | None:

@@ -29,7 +29,8 @@ from transformers import GteConfig, GteModel, NomicBertConfig, NomicBertModel
 from tests.support.model_families import NORMALIZE_MODULE, _bert_tokenizer, _pooling, _st_files
 
 NATIVE_FAMILIES = ("nomic", "gte", "arctic")
-HIDDEN, HEADS = 32, 4
+HIDDEN, HEADS, LAYERS = 32, 4, 2
+NOMIC_MLP, GTE_MLP = 256, 64  # nomic's gated MLP width is a multiple of 256 (the original rounds it up)
 NOMIC_PROMPTS = {"query": "search_query: ", "document": "search_document: "}
 ARCTIC_PROMPTS = {"query": "query: "}
 # The auto_maps as nomic-embed-text-v1.5's and gte-base-en-v1.5's config.json publish them: the
@@ -58,40 +59,53 @@ def make_native(family: str, path: Path, *, seed: int = 0) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     tokenizer = _bert_tokenizer(path, 128)
-    small = dict(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=HEADS, layer_norm_eps=1e-12,
+    vocab = -(-len(tokenizer) // 64) * 64 if family == "nomic" else len(tokenizer)  # nomic pads to a multiple of 64
+    model = native_model(family, vocab_size=vocab, pad_token_id=tokenizer.pad_token_id if family != "arctic" else 1)
+    if family == "nomic":
+        pipeline, st = [_pooling(HIDDEN, "mean"), NORMALIZE_MODULE], dict(prompts=NOMIC_PROMPTS)
+    else:
+        pipeline = [_pooling(HIDDEN, "cls")] + ([NORMALIZE_MODULE] if family == "arctic" else [])
+        st = dict(prompts=ARCTIC_PROMPTS if family == "arctic" else None)
+    save_native(model, path)
+    _st_files(path, pipeline, max_seq_length=64, **st)
+    return path
+
+
+def native_model(family: str, *, vocab_size: int, pad_token_id: int) -> torch.nn.Module:
+    """A random model of `family` in transformers' native port, LAYERS layers of HIDDEN width, the
+    rotary and MLP settings its original config states (nomic's MLP width as the original rounds it)."""
+    small = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, layer_norm_eps=1e-12,
                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if family == "nomic":
-        vocab = -(-len(tokenizer) // 64) * 64  # nomic pads its vocabulary to a multiple of 64
         model = NomicBertModel(NomicBertConfig(
-            vocab_size=vocab, intermediate_size=256, hidden_act="silu", max_position_embeddings=512,
-            type_vocab_size=2, pad_token_id=tokenizer.pad_token_id,
+            vocab_size=vocab_size, intermediate_size=NOMIC_MLP, hidden_act="silu", max_position_embeddings=512,
+            type_vocab_size=2, pad_token_id=pad_token_id,
             rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, **small))
-        pipeline, st = [_pooling(HIDDEN, "mean"), NORMALIZE_MODULE], dict(prompts=NOMIC_PROMPTS)
     elif family in GTE_ROPE:
         theta, factor = GTE_ROPE[family]
         head_dim = HIDDEN // HEADS
         model = GteModel(GteConfig(
-            vocab_size=len(tokenizer), intermediate_size=64, hidden_act="gelu", max_position_embeddings=512,
-            type_vocab_size=0 if family == "gte" else 1, pad_token_id=0 if family == "gte" else 1,
+            vocab_size=vocab_size, intermediate_size=GTE_MLP, hidden_act="gelu", max_position_embeddings=512,
+            type_vocab_size=0 if family == "gte" else 1, pad_token_id=pad_token_id,
             # What the original's fixed NTK scaling computes, as the build maps it (embedserve/archive/native.py);
             # tests/unit/test_native_families.py checks these frequencies against the original's formula.
             rope_parameters={"rope_type": "linear", "rope_theta": theta * factor,
                              "factor": factor ** (2 / head_dim)}, **small))
-        pipeline = [_pooling(HIDDEN, "cls")] + ([NORMALIZE_MODULE] if family == "arctic" else [])
-        st = dict(prompts=ARCTIC_PROMPTS if family == "arctic" else None)
     else:
         raise ValueError(f"unknown family {family}; known: {', '.join(NATIVE_FAMILIES)}")
     with torch.no_grad():  # livelier than the 0.02 initialization, so that vectors differ clearly
         for name, parameter in model.named_parameters():
             if name.endswith("weight") and parameter.dim() == 2:
                 parameter.normal_(0, 0.2)
-    # The native names, written as they are: save_pretrained would write the original checkpoint's
-    # names back (transformers 5 reverses conversion_mapping.py on save).
+    return model
+
+
+def save_native(model: torch.nn.Module, path: Path) -> None:
+    """The config and the weights under their native names, written as they are: save_pretrained
+    would write the original checkpoint's names back (transformers 5 reverses conversion_mapping.py)."""
     model.config.save_pretrained(path)
     save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()},
               str(path / "model.safetensors"), metadata={"format": "pt"})
-    _st_files(path, pipeline, max_seq_length=64, **st)
-    return path
 
 
 def write_original(family: str, native: Path, path: Path) -> Path:
@@ -101,15 +115,19 @@ def write_original(family: str, native: Path, path: Path) -> Path:
         if sub.is_dir():
             shutil.copytree(sub, path / sub.name, dirs_exist_ok=True)
     config = json.loads((native / "config.json").read_text())
-    weights = load_file(str(native / "model.safetensors"))
-    if family == "nomic":
-        original, tensors = _nomic_original(config), _nomic_weights(weights)
-    else:
-        prefix = "new." if family == "gte" else ""  # gte-*-v1.5's checkpoints keep NewModel's prefix
-        original, tensors = _gte_original(family, config), _gte_weights(weights, prefix)
+    original = _nomic_original(config) if family == "nomic" else _gte_original(family, config)
     (path / "config.json").write_text(json.dumps(original, indent=2))
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    save_original_weights(family, load_file(str(native / "model.safetensors")), path)
     return path
+
+
+def save_original_weights(family: str, native: dict[str, torch.Tensor], path: Path) -> None:
+    """The native weights under the names the original checkpoints have, at path/model.safetensors."""
+    if family == "nomic":
+        tensors = _nomic_weights(native)
+    else:  # gte-*-v1.5's checkpoints keep NewModel's prefix
+        tensors = _gte_weights(native, "new." if family == "gte" else "")
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _nomic_original(config: dict) -> dict:

@@ -13,6 +13,11 @@ authors published them, with only what no test can carry made here.
                         the published tokenizer_config.json's `added_tokens_decoder` (ids into the
                         published vocabulary) is left out, every other setting kept
 
+Two are published in their original remote-code layout (ORIGINAL_LAYOUT: nomic-embed-text-v1.5,
+gte-base-en-v1.5): their random weights are made in transformers' native port of that code and
+written under the original checkpoint's names; the native folder beside them (reference_folder) is
+what sentence-transformers runs as the reference, and the build must convert the first into it.
+
 A model whose published files could not be found has only a SOURCES.json saying where they were
 sought (docs/models.md says so beside its row)."""
 
@@ -26,6 +31,8 @@ import torch
 from safetensors.torch import save_file
 
 from tests.support import REPO
+from tests.support.native_models import GTE_MLP, HEADS, HIDDEN, LAYERS, native_model, save_native, \
+    save_original_weights
 
 PUBLISHED = REPO / "tests" / "fixtures" / "published"
 NOT_MODEL_FILES = {"SOURCES.json", "tokenizer_facts.json"}  # the record of the files, not files of the model
@@ -42,8 +49,15 @@ SIZES = {
     "answerai-colbert-small-v1": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=64),
     "bge-reranker-v2-m3": dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32),
+    # In the original's own names; its MLP width of 200 the original rounds up to 256 (a multiple of 256).
+    "nomic-embed-text-v1.5": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=200),
+    "gte-base-en-v1.5": dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                             intermediate_size=GTE_MLP),
 }
-EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "all-mpnet-base-v2")
+# Published in their original remote-code layout: slug -> the family of tests/support/native_models.py.
+ORIGINAL_LAYOUT = {"nomic-embed-text-v1.5": "nomic", "gte-base-en-v1.5": "gte"}
+EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "all-mpnet-base-v2",
+             *ORIGINAL_LAYOUT)
 RERANKERS = ("bge-reranker-v2-m3",)
 MULTI_VECTOR = ("answerai-colbert-small-v1",)
 
@@ -67,9 +81,23 @@ def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
     (path / "config.json").write_text(json.dumps(config, indent=2))
     _tokenizer(slug, config, path)
     torch.manual_seed(seed)
-    _weights(config, path)
-    _module_widths(path, published["hidden_size"], config["hidden_size"])
+    _module_widths(path, _width(published), _width(config))
+    if slug in ORIGINAL_LAYOUT:
+        _original_layout_weights(ORIGINAL_LAYOUT[slug], config, path)
+    else:
+        _weights(config, path)
     return path
+
+
+def reference_folder(path: Path) -> Path:
+    """The folder sentence-transformers runs as the reference for the model made at `path`: the
+    native port beside an original-layout model, else the model itself."""
+    native = path.with_name(f"{path.name}-native")
+    return native if native.is_dir() else path
+
+
+def _width(config: dict) -> int:
+    return config["hidden_size"] if "hidden_size" in config else config["n_embd"]  # nomic's GPT-2 style name
 
 
 # --- The tokenizer -------------------------------------------------------------------------------
@@ -81,7 +109,7 @@ def _tokenizer(slug: str, config: dict, path: Path) -> None:
 
     published = json.loads((path / "tokenizer_config.json").read_text())
     made = path / "made-tokenizer"
-    kind = config["model_type"]
+    kind = {"nomic_bert": "bert", "new": "bert"}.get(config["model_type"], config["model_type"])  # BERT's tokenizers
     facts = PUBLISHED / slug / "tokenizer_facts.json"
     if kind in ("bert", "mpnet") and facts.is_file():
         _wordpiece_as_published(json.loads(facts.read_text()), made)
@@ -161,6 +189,24 @@ def _weights(config: dict, path: Path) -> None:
     shutil.rmtree(saved)
 
 
+def _original_layout_weights(family: str, config: dict, path: Path) -> None:
+    """Random weights of transformers' native port, saved with its config as the reference folder
+    beside `path`, and under the original checkpoint's names in `path`. The vocabulary is the
+    published one (nomic's padded to its pad_vocab_size_multiple, as the original pads it)."""
+    multiple = config.get("pad_vocab_size_multiple") or 1
+    model = native_model(family, vocab_size=-(-config["vocab_size"] // multiple) * multiple,
+                         pad_token_id=config.get("pad_token_id") or 0)
+    native = path.with_name(f"{path.name}-native")
+    shutil.copytree(path, native)
+    save_native(model, native)  # its config.json in place of the original's
+    settings = native / "sentence_bert_config.json"  # nomic's loader argument, which the native class does not take
+    if settings.is_file():
+        published = json.loads(settings.read_text())
+        published.get("model_args", {}).pop("safe_serialization", None)
+        settings.write_text(json.dumps(published, indent=2))
+    save_original_weights(family, model.state_dict(), path)
+
+
 def _module_widths(path: Path, published_hidden: int, hidden: int) -> None:
     """The pipeline modules' configs at the small width (a Dense's other width scaled alike), with
     random weights for each Dense."""
@@ -172,8 +218,8 @@ def _module_widths(path: Path, published_hidden: int, hidden: int) -> None:
         if not module["path"] or not config_file.is_file():
             continue
         config = json.loads(config_file.read_text())
-        if kind == "Pooling":
-            config["word_embedding_dimension"] = width[config["word_embedding_dimension"]]
+        if kind == "Pooling":  # the encoder's width (gte-base-en-v1.5's is gte-large's file, 1024 wide)
+            config["word_embedding_dimension"] = hidden
         elif kind == "Dense":
             for key in ("in_features", "out_features"):
                 config[key] = width.setdefault(config[key], max(4, config[key] * hidden // published_hidden))

@@ -238,3 +238,22 @@ def test_settings_the_native_class_cannot_compute_are_refused(folders, tmp_path,
 def test_an_unstaged_original_folder_is_refused_where_it_is_read(folders):
     with pytest.raises(ModelFilesError, match="never runs; ./build_mar.sh rewrites the original nomic-bert"):
         describe_model(folders["nomic"][1])
+
+
+@pytest.mark.parametrize("slug", ["nomic-embed-text-v1.5", "gte-base-en-v1.5"])
+def test_a_published_original_folder_stages_for_sentence_transformers(slug, tmp_path):
+    """The published files (tests/fixtures/published/) staged: nomic's sentence_bert_config.json
+    passes `safe_serialization` to its own loader, which the native class refuses; staged without
+    it, sentence-transformers loads the folder and gives the native port's vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    from tests.support.published import make_published, reference_folder
+
+    original = make_published(slug, tmp_path / slug)
+    stage_model(original, tmp_path / "staged")
+    published = json.loads((original / "sentence_bert_config.json").read_text())
+    staged = json.loads((tmp_path / "staged" / "sentence_bert_config.json").read_text())
+    assert staged == {**published, **({"model_args": {}} if "model_args" in published else {})}
+    got = SentenceTransformer(str(tmp_path / "staged"), device="cpu").encode(TEXTS)
+    want = SentenceTransformer(str(reference_folder(original)), device="cpu").encode(TEXTS)
+    assert min_cosine(got, want) >= MIN_COSINE
