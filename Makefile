@@ -75,7 +75,7 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2
 
 check: $(VENV)/.installed-test
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -n 2 tests/unit
 
 # The CI fuzzer (about 200 examples per operation) at a size of over 10,000 requests; prints its summary.
 FUZZ_EXAMPLES ?= 2500

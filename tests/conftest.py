@@ -91,30 +91,49 @@ def redis_server(tmp_path_factory):
 INTEGRATION = Path(__file__).parent / "integration"
 
 
-# The modules that use the catalog's server: `make test`'s pytest-xdist workers run them on one
-# worker, which starts that server once (every other module is a unit of its own).
-CATALOG_MODULES = ("tests/integration/test_hybrid_served.py", "tests/integration/test_multi_vector_served.py",
-                   "tests/integration/test_openapi_outputs.py", "tests/integration/test_sparse_served.py")
+# The modules that use each session-scoped server, by its fixture: `make test`'s pytest-xdist
+# workers run each group on one worker, which starts that server once (every other module is a
+# unit of its own). A module that uses one and is not listed fails the collection.
+SHARED_SERVER_MODULES = {
+    "catalog": ("tests/integration/test_hybrid_served.py", "tests/integration/test_multi_vector_served.py",
+                "tests/integration/test_openapi_outputs.py", "tests/integration/test_sparse_served.py"),
+    "server": ("tests/integration/test_batch_served.py", "tests/integration/test_bench.py",
+               "tests/integration/test_docs_page.py", "tests/integration/test_fuzz.py",
+               "tests/integration/test_image.py",  # asks for it by getfixturevalue, which the check cannot see
+               "tests/integration/test_loadtest.py", "tests/integration/test_long_inputs_served.py",
+               "tests/integration/test_minilm.py", "tests/integration/test_ray_data.py",
+               "tests/integration/test_server.py"),
+}
+GROUP_OF_MODULE = {module: group for group, modules in SHARED_SERVER_MODULES.items() for module in modules}
 
 
 def pytest_collection_modifyitems(items):
     """Every test under tests/integration carries the `integration` marker (`-m "not integration"`:
-    the unit tests), whether or not its module says so; a module that uses the catalog is one of
-    CATALOG_MODULES."""
+    the unit tests), whether or not its module says so; a module that uses a session server is
+    listed with it in SHARED_SERVER_MODULES."""
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
-    unlisted = {item.nodeid.split("::")[0] for item in items if "catalog" in item.fixturenames} - set(CATALOG_MODULES)
-    if unlisted:
-        raise pytest.UsageError(f"{sorted(unlisted)} use the catalog: add them to CATALOG_MODULES (tests/conftest.py)")
+    for fixture, modules in SHARED_SERVER_MODULES.items():
+        users = {item.nodeid.split("::")[0] for item in items if _uses_the_session_fixture(item, fixture)}
+        if users - set(modules):
+            raise pytest.UsageError(f"{sorted(users - set(modules))} use the session's `{fixture}`: add them to "
+                                    f"SHARED_SERVER_MODULES['{fixture}'] (tests/conftest.py)")
+
+
+def _uses_the_session_fixture(item, name: str) -> bool:
+    """Whether `item` gets this conftest's session fixture `name` (a module may define its own)."""
+    definitions = item._fixtureinfo.name2fixturedefs.get(name) or ()
+    return bool(definitions) and definitions[-1].scope == "session"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist (`make test`: -n 2) hands a worker whole modules, so that a module's servers
-    start once, and every catalog module to one worker. They go in the order collected: the long
-    integration modules first, the short unit modules last, so that no long module starts when the
-    other worker is nearly done (xdist's own order, the most tests first, puts unit modules first)."""
+    start once, and each group of SHARED_SERVER_MODULES to one worker. They go in the order
+    collected: the long integration modules first, the short unit modules last, so that no long
+    module starts when the other worker is nearly done (xdist's own order, the most tests first,
+    puts unit modules first)."""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False
@@ -122,7 +141,7 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "catalog" if module in CATALOG_MODULES else module
+            return GROUP_OF_MODULE.get(module, module)
 
     return ModuleScheduling(config, log)
 
