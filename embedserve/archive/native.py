@@ -15,7 +15,9 @@ the GTE `up_gate_proj` split), then checked strictly against the native model's 
 a missing or unexpected weight refuses the build, naming it. `auto_map` is dropped, and the staged
 config records what it was converted from (NATIVE_FIELD). Only the `auto_map` entry of the class
 the served pipeline runs decides (the encoder, `AutoModel`); the other heads a published folder
-lists (masked LM, classification, QA, ...) are never run. A folder whose deciding entry names code
+lists (masked LM, classification, QA, ...) are never run; a checkpoint saved with such a head
+beside the encoder (gte-multilingual-base: `architectures` NewModel and NewForTokenClassification)
+is converted without the head's weights, and the build says which. A folder whose deciding entry names code
 with no native port here is refused, naming the entry; so is jina-embeddings-v3 (XLMRobertaLoRA),
 whose native port lacks what its code computes (_NO_EXACT_PORT says what).
 """
@@ -47,7 +49,7 @@ def convert_to_native(folder: Path) -> str | None:
     native_class, mapper, renamer = _FAMILIES[family]
     native = mapper(config)
     origin = str((config.get("auto_map") or {}).get("AutoModel") or config.get("model_type"))
-    weights = _read_weights(folder)
+    weights, dropped = _encoder_weights(config, family, _read_weights(folder))
     renamed = _rename_all(weights, renamer)
     config_object = _check_weights(native, native_class, renamed)
     for stale in [*folder.glob("model*.safetensors"), folder / "model.safetensors.index.json"]:
@@ -57,6 +59,8 @@ def convert_to_native(folder: Path) -> str | None:
     staged = config_object.to_dict()
     staged["architectures"] = [native_class]
     staged[NATIVE_FIELD] = {"class": native_class, "converted_from": origin}
+    if dropped:
+        staged[NATIVE_FIELD]["heads_dropped"] = dropped
     (folder / "config.json").write_text(json.dumps(staged, indent=2))
     _drop_loader_args(folder)
     return native_note(folder)
@@ -88,8 +92,29 @@ def native_note(folder: Path) -> str | None:
     native = config.get(NATIVE_FIELD)
     if not native:
         return None
+    dropped = native.get("heads_dropped") or []
     return (f"served by transformers' native {native['class']} (model_type {config['model_type']}): converted at "
-            f"build from the original layout of {native['converted_from']}, whose code is never run")
+            f"build from the original layout of {native['converted_from']}, whose code is never run"
+            + (f"; the weights of the other heads saved beside the encoder ({_names(dropped)}) are never run and "
+               "were left out" if dropped else ""))
+
+
+# The prefix under which a head's checkpoint keeps its encoder (GTE's NewFor... heads: `self.new`).
+_ENCODER_PREFIX = {"gte": "new."}
+
+
+def _encoder_weights(config: dict[str, Any], family: str, weights: dict[str, torch.Tensor]
+                     ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The encoder's weights, and the names of those left out: a checkpoint saved with a head of
+    its own code beside the encoder (gte-multilingual-base: NewModel and NewForTokenClassification,
+    its token weights' `classifier`) holds the encoder under its prefix and the head's weights
+    outside it. Only where `architectures` names such a head; any other stray weight still refuses."""
+    architectures = set(config.get("architectures") or []) - set(_KNOWN_CODE[family])
+    prefix = _ENCODER_PREFIX.get(family)
+    if not architectures or not prefix or not any(name.startswith(prefix) for name in weights):
+        return weights, []
+    dropped = sorted(name for name in weights if not name.startswith(prefix))
+    return {name: tensor for name, tensor in weights.items() if name.startswith(prefix)}, dropped
 
 
 # --- Which layout a config is in -------------------------------------------------------------
@@ -129,9 +154,12 @@ def _family(config: dict[str, Any]) -> str | None:
             f"config.json: auto_map {key} is '{value}', the model's own code, which this server never runs, and "
             f"transformers has no native port of it known here (ported: {ported}); see docs/models.md")
     architectures = [str(name) for name in config.get("architectures") or []]
-    if family and any(name not in _KNOWN_CODE[family] for name in architectures):
+    heads = {value.rsplit(".", 1)[-1] for key, value in auto_map.items() if key.startswith("AutoModelFor")}
+    if family and architectures and (not set(architectures) & set(_KNOWN_CODE[family])
+                                     or not set(architectures) <= {*_KNOWN_CODE[family], *heads}):
         raise NativeLayoutError(f"config.json: architectures {architectures}; only the encoder "
-                                f"({' or '.join(_KNOWN_CODE[family])}) of this original layout is converted")
+                                f"({' or '.join(_KNOWN_CODE[family])}) of this original layout is converted, "
+                                "and the checkpoint must be saved as it (other heads of its own code beside it)")
     return family
 
 

@@ -46,7 +46,7 @@ GTE_AUTO_MAP = {"AutoConfig": "Alibaba-NLP/new-impl--configuration.NewConfig",
 ARCTIC_AUTO_MAP = {"AutoConfig": "configuration_hf_alibaba_nlp_gte.GteConfig",
                    "AutoModel": "modeling_hf_alibaba_nlp_gte.GteModel"}
 # The GTE shapes' rotary settings as their original configs state them: (rope_theta, NTK factor).
-GTE_ROPE = {"gte": (500000.0, 2.0), "arctic": (160000.0, 8.0)}
+GTE_ROPE = {"gte": (500000.0, 2.0), "arctic": (160000.0, 8.0), "gte-multilingual": (20000.0, 8.0)}
 
 
 def make_native_and_original(family: str, root: Path, *, seed: int = 0) -> tuple[Path, Path]:
@@ -121,13 +121,15 @@ def write_original(family: str, native: Path, path: Path) -> Path:
     return path
 
 
-def save_original_weights(family: str, native: dict[str, torch.Tensor], path: Path) -> None:
-    """The native weights under the names the original checkpoints have, at path/model.safetensors."""
+def save_original_weights(family: str, native: dict[str, torch.Tensor], path: Path,
+                          head: dict[str, torch.Tensor] | None = None) -> None:
+    """The native weights under the names the original checkpoints have, at path/model.safetensors,
+    with a head's own weights beside them (`head`, as a checkpoint saved with that head holds them)."""
     if family == "nomic":
         tensors = _nomic_weights(native)
-    else:  # gte-*-v1.5's checkpoints keep NewModel's prefix
-        tensors = _gte_weights(native, "new." if family == "gte" else "")
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:  # gte-*-v1.5's and gte-multilingual-base's checkpoints keep NewModel's prefix
+        tensors = _gte_weights(native, "" if family == "arctic" else "new.")
+    save_file({**tensors, **(head or {})}, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _nomic_original(config: dict) -> dict:

@@ -53,9 +53,12 @@ SIZES = {
     "nomic-embed-text-v1.5": dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=200),
     "gte-base-en-v1.5": dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                              intermediate_size=GTE_MLP),
+    "gte-multilingual-base": dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                  intermediate_size=GTE_MLP),
 }
 # Published in their original remote-code layout: slug -> the family of tests/support/native_models.py.
-ORIGINAL_LAYOUT = {"nomic-embed-text-v1.5": "nomic", "gte-base-en-v1.5": "gte"}
+ORIGINAL_LAYOUT = {"nomic-embed-text-v1.5": "nomic", "gte-base-en-v1.5": "gte",
+                   "gte-multilingual-base": "gte-multilingual"}
 EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "all-mpnet-base-v2",
              *ORIGINAL_LAYOUT)
 RERANKERS = ("bge-reranker-v2-m3",)
@@ -109,7 +112,9 @@ def _tokenizer(slug: str, config: dict, path: Path) -> None:
 
     published = json.loads((path / "tokenizer_config.json").read_text())
     made = path / "made-tokenizer"
-    kind = {"nomic_bert": "bert", "new": "bert"}.get(config["model_type"], config["model_type"])  # BERT's tokenizers
+    kind = config["model_type"]
+    if kind in ("nomic_bert", "new"):  # original layouts: the tokenizer their tokenizer_config.json names
+        kind = "xlm-roberta" if published.get("tokenizer_class", "").startswith("XLMRoberta") else "bert"
     facts = PUBLISHED / slug / "tokenizer_facts.json"
     if kind in ("bert", "mpnet") and facts.is_file():
         _wordpiece_as_published(json.loads(facts.read_text()), made)
@@ -196,6 +201,8 @@ def _original_layout_weights(family: str, config: dict, path: Path) -> None:
     multiple = config.get("pad_vocab_size_multiple") or 1
     model = native_model(family, vocab_size=-(-config["vocab_size"] // multiple) * multiple,
                          pad_token_id=config.get("pad_token_id") or 0)
+    dtype = getattr(torch, config.get("torch_dtype") or "float32")
+    model.to(dtype).float()  # the published precision's values (gte-multilingual-base's are float16), in float32
     native = path.with_name(f"{path.name}-native")
     shutil.copytree(path, native)
     save_native(model, native)  # its config.json in place of the original's
@@ -204,7 +211,14 @@ def _original_layout_weights(family: str, config: dict, path: Path) -> None:
         published = json.loads(settings.read_text())
         published.get("model_args", {}).pop("safe_serialization", None)
         settings.write_text(json.dumps(published, indent=2))
-    save_original_weights(family, model.state_dict(), path)
+    # A checkpoint saved with a head of its own code beside the encoder (gte-multilingual-base's
+    # NewForTokenClassification: the token weights' Linear(hidden, num_labels)) holds its weights too.
+    head = {}
+    if any(name.endswith("ForTokenClassification") for name in config["architectures"]):
+        head = {"classifier.weight": torch.randn(config.get("num_labels", 1), config["hidden_size"]) * 0.2,
+                "classifier.bias": torch.randn(config.get("num_labels", 1)) * 0.2}
+    save_original_weights(family, {name: tensor.to(dtype) for name, tensor in model.state_dict().items()}, path,
+                          head={name: tensor.to(dtype) for name, tensor in head.items()})
 
 
 def _module_widths(path: Path, published_hidden: int, hidden: int) -> None:

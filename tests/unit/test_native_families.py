@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, GteConfig, GteModel
 
-from embedserve.archive.native import NATIVE_FIELD, NativeLayoutError
+from embedserve.archive.native import NATIVE_FIELD, NativeLayoutError, native_note
 from embedserve.archive.stage import stage_model
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.model.description import ModelFilesError
@@ -224,6 +224,8 @@ def test_the_refusal_names_the_auto_map_entry_that_decided_it(folders, tmp_path,
     ("gte", {"logn_attention_scale": True}, "logn_attention_scale = True"),
     ("gte", {"layer_norm_type": "rms_norm"}, "layer_norm_type = 'rms_norm'"),
     ("arctic", {"architectures": ["GteForSequenceClassification"]}, "only the encoder"),
+    # Beside the encoder, only other heads of its own code (named in auto_map) are left out.
+    ("gte", {"architectures": ["NewModel", "BertForTokenClassification"]}, "only the encoder"),
 ])
 def test_settings_the_native_class_cannot_compute_are_refused(folders, tmp_path, family, changes, message):
     source = _copy(folders, family, tmp_path)
@@ -240,20 +242,26 @@ def test_an_unstaged_original_folder_is_refused_where_it_is_read(folders):
         describe_model(folders["nomic"][1])
 
 
-@pytest.mark.parametrize("slug", ["nomic-embed-text-v1.5", "gte-base-en-v1.5"])
+@pytest.mark.parametrize("slug", ["nomic-embed-text-v1.5", "gte-base-en-v1.5", "gte-multilingual-base"])
 def test_a_published_original_folder_stages_for_sentence_transformers(slug, tmp_path):
     """The published files (tests/fixtures/published/) staged: nomic's sentence_bert_config.json
     passes `safe_serialization` to its own loader, which the native class refuses; staged without
-    it, sentence-transformers loads the folder and gives the native port's vectors."""
+    it, sentence-transformers loads the folder and gives the native port's vectors.
+    gte-multilingual-base is saved with its token-weight head beside the encoder: staged without
+    the head's weights, which the build's note names."""
     from sentence_transformers import SentenceTransformer
 
     from tests.support.published import make_published, reference_folder
 
     original = make_published(slug, tmp_path / slug)
     stage_model(original, tmp_path / "staged")
-    published = json.loads((original / "sentence_bert_config.json").read_text())
-    staged = json.loads((tmp_path / "staged" / "sentence_bert_config.json").read_text())
-    assert staged == {**published, **({"model_args": {}} if "model_args" in published else {})}
+    if (original / "sentence_bert_config.json").is_file():
+        published = json.loads((original / "sentence_bert_config.json").read_text())
+        staged = json.loads((tmp_path / "staged" / "sentence_bert_config.json").read_text())
+        assert staged == {**published, **({"model_args": {}} if "model_args" in published else {})}
+    heads = ["classifier.bias", "classifier.weight"] if slug == "gte-multilingual-base" else []
+    assert json.loads((tmp_path / "staged" / "config.json").read_text())[NATIVE_FIELD].get("heads_dropped", []) == heads
+    assert ("were left out" in native_note(tmp_path / "staged")) == bool(heads)
     got = SentenceTransformer(str(tmp_path / "staged"), device="cpu").encode(TEXTS)
     want = SentenceTransformer(str(reference_folder(original)), device="cpu").encode(TEXTS)
     assert min_cosine(got, want) >= MIN_COSINE
