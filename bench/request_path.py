@@ -1,13 +1,19 @@
 """The per-request path: the project's handler on a near-free model against a handler that
 computes nothing, in one TorchServe, at the same settings.
 
-    python -m bench.request_path [--seconds 8] [--clients 64] [--out bench/results]
+    python -m bench.request_path [--seconds 8] [--clients 64] [--set KEY=VALUE ...] [--out bench/results]
 
 Both models get the default build's TorchServe settings (workers, batch size, delay). The
 closed-loop client sends one short text per request; the tiny random BERT (hidden 32, 2 layers)
 makes the forward pass nearly free, so what is left is the handler's own work per request and
 TorchServe's. The two are measured alternately, REPEATS times each, and the median run of each
 is kept: `ratio` is the handler's requests/s over the no-op handler's.
+
+Throughput on a shared 2-core machine moves with whatever else runs; the CPU each request costs
+moves less. Each run also reads the kernel's CPU counters (user + system) of the model's worker
+processes and of the frontend around the load: `worker_cpu_us` and `frontend_cpu_us` a request.
+The handler's own share is the project's workers' figure less the no-op's (`handler_cpu_us`):
+both pay TorchServe's protocol, its JSON decoding of the body and its metrics.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import urllib.request
 import subprocess
 import sys
 import tempfile
@@ -74,8 +81,12 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
             runs: dict[str, list[dict]] = {name: [] for name in urls}
             for _ in range(REPEATS):
                 for name, url in urls.items():
-                    runs[name].append(run_load(url, server.auth(), texts, tokens, concurrency=clients,
-                                               texts_per_request=1, seconds=seconds).summary())
+                    processes = CpuCounters(server, name)
+                    load = run_load(url, server.auth(), texts, tokens, concurrency=clients, texts_per_request=1,
+                                    seconds=seconds, warmup_seconds=0.0)
+                    # Every request the counters saw: the counted, the failed, and one a client before them.
+                    served = load.requests + sum(load.errors.values()) + clients
+                    runs[name].append({**load.summary(), **processes.per_request(served)})
                     time.sleep(0.5)
         finally:
             server.stop()
@@ -84,9 +95,45 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
         median = sorted(name_runs, key=lambda r: r["texts_per_s"])[len(name_runs) // 2]
         result[name] = {"requests_per_s": median["texts_per_s"], "p50_ms": median["p50_ms"],
                         "p99_ms": median["p99_ms"], "errors": median["errors"],
-                        "runs_requests_per_s": [r["texts_per_s"] for r in name_runs]}
+                        "runs_requests_per_s": [r["texts_per_s"] for r in name_runs],
+                        # CPU a request: the median over the runs, each counter on its own.
+                        **{key: _median([r[key] for r in name_runs]) for key in ("worker_cpu_us", "frontend_cpu_us")}}
     result["ratio"] = round(result["tiny"]["requests_per_s"] / result["noop"]["requests_per_s"], 3)
+    result["handler_cpu_us"] = round(result["tiny"]["worker_cpu_us"] - result["noop"]["worker_cpu_us"], 1)
     return result
+
+
+class CpuCounters:
+    """The CPU seconds (user + system, from the kernel's counters) of one model's worker
+    processes and of the frontend, from now until `per_request`."""
+
+    def __init__(self, server: TorchServe, model: str):
+        import psutil
+
+        self.frontend = psutil.Process(server.pid())
+        self.workers = [psutil.Process(pid) for pid in worker_pids(server, model)]
+        self.start = self._read()
+
+    def _read(self) -> tuple[float, float]:
+        return (sum(self.frontend.cpu_times()[:2]),
+                sum(sum(worker.cpu_times()[:2]) for worker in self.workers))
+
+    def per_request(self, requests: int) -> dict:
+        frontend, workers = (end - start for end, start in zip(self._read(), self.start))
+        return {"worker_cpu_us": round(workers / requests * 1e6, 1),
+                "frontend_cpu_us": round(frontend / requests * 1e6, 1)}
+
+
+def worker_pids(server: TorchServe, model: str) -> list[int]:
+    """The process ids of `model`'s workers, from TorchServe's management API."""
+    request = urllib.request.Request(f"{server.url('management')}/models/{model}", headers=server.auth("management"))
+    with urllib.request.urlopen(request, timeout=30) as response:
+        described = json.load(response)
+    return [worker["pid"] for version in described for worker in version["workers"]]
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def _entry(config: Path, name: str) -> dict:
@@ -101,9 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.request_path", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a handler setting of the project's archive, as ./build_mar.sh --set takes it")
     parser.add_argument("--out", type=Path, default=None, help="write request_path.json here")
     args = parser.parse_args(argv)
-    result = measure(args.seconds, args.clients)
+    result = measure(args.seconds, args.clients, tuple(arg for setting in args.settings for arg in ("--set", setting)))
+    result["handler_settings"] = args.settings
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,26 @@ def test_load_generator_against_the_server(server, tiny_model_dir):
 
 
 @pytest.mark.integration
+def test_request_path_reads_the_cpu_of_the_model_s_own_workers(server, tiny_model_dir):
+    """bench.request_path's CPU a request: the kernel's counters of the model's worker processes
+    (from the management API) and of the frontend, which grow with the requests served."""
+    import psutil
+
+    from bench.request_path import CpuCounters, worker_pids
+
+    pids = worker_pids(server, "tiny")
+    assert len(pids) == 1 and psutil.Process(pids[0]).ppid() == server.pid()
+    assert set(worker_pids(server, "tinypacked")).isdisjoint(pids)
+    counters = CpuCounters(server, "tiny")
+    texts = fixed_corpus(tiny_model_dir / "tokenizer.json", 64, length=12)
+    result = run_load(f"{server.url('inference')}/predictions/tiny", server.auth(), texts, [12] * 64,
+                      concurrency=4, texts_per_request=1, seconds=1.0, warmup_seconds=0.0)
+    assert result.errors == {}
+    cpu = counters.per_request(result.requests + 4)
+    assert cpu["worker_cpu_us"] > 0 and cpu["frontend_cpu_us"] > 0
+
+
+@pytest.mark.integration
 def test_load_generator_builds_each_request_s_body(server, tiny_model_dir):
     """The rerank benchmark's bodies: one per request, from the request's texts."""
     texts = [f"text {i}" for i in range(8)]

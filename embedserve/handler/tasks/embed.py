@@ -158,12 +158,25 @@ def refuse_long_input(payload: dict[str, Any], kind: str) -> None:
                             param="long_input")
 
 
+# A request's options are read in this order (so that of two bad ones, the same is named first);
+# those it does not send are left at their defaults without a check.
+DEFAULT_OPTIONS = Options()
+OPTION_FIELDS = (*IGNORED_FIELDS, *OPTION_TYPES)
+
+
 def parse_options(payload: dict[str, Any]) -> Options:
-    for key in IGNORED_FIELDS:
-        option_value(payload, key, str)
-    values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE, INT_MINIMUMS.get(key, 1))
-              for key, (kind, choices) in OPTION_TYPES.items() if kind is not list}
-    values["chunk_spans"] = parse_spans(payload.get("chunk_spans"))
+    sent = [key for key in OPTION_FIELDS if key in payload]
+    if not sent:  # most requests: {"input": ...}
+        return DEFAULT_OPTIONS
+    values = {}
+    for key in sent:
+        if key in IGNORED_FIELDS:
+            option_value(payload, key, str)
+        elif key == "chunk_spans":
+            values[key] = parse_spans(payload[key])
+        else:
+            kind, choices = OPTION_TYPES[key]
+            values[key] = option_value(payload, key, kind, choices, key in CASE_INSENSITIVE, INT_MINIMUMS.get(key, 1))
     return Options(**{key: value for key, value in values.items() if value is not None})
 
 

@@ -116,6 +116,9 @@ def test_unknown_route_is_404():
         (b'{"input": "a", "truncate": 1}', "application/json", "truncate", "true or false"),
         (b'{"input": "a", "truncation_direction": "middle"}', "application/json", "truncation_direction", "middle"),
         (b'{"input": "a", "prompt_name": 3}', "application/json", "prompt_name", "a string"),
+        # Of two bad options, the one first in the options' table is named, whatever the body's order.
+        (b'{"input": "a", "dimensions": 0, "normalize": "yes"}', "application/json", "normalize", "true or false"),
+        (b'{"input": "a", "chunk_spans": 3, "model": 7}', "application/json", "model", "a string"),
         (b"[" * 100000 + b"]" * 100000, "application/json", "body", "nested too deeply"),
     ],
 )
@@ -188,3 +191,12 @@ def test_every_dtype_route_and_encoding_decodes_to_the_codes(output_dtype, route
     else:  # compact: one byte a code, in the dtype's own type
         got = np.frombuffer(base64.b64decode(row), codes.dtype)
     np.testing.assert_array_equal(got, codes[0])
+
+
+def test_a_request_without_options_gets_the_defaults_as_one_with_them_spelled_out():
+    from embedserve.handler.tasks.embed import Options, parse_options
+
+    assert parse_options({"input": "a", "extra": {"ignored": True}}) == Options()
+    assert parse_options({"input": "a", "model": "m", "normalize": None, "encoding_format": "float"}) == Options()
+    assert parse_options({"input": "a", "truncation_direction": "Left", "dimensions": 8.0}) == \
+        Options(truncation_direction="left", dimensions=8)
