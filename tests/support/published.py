@@ -45,6 +45,8 @@ SIZES = {
                                 head_dim=8, query_pre_attn_scalar=8, intermediate_size=48),
     "qwen3-embedding-0.6b": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                  head_dim=8, intermediate_size=64, max_window_layers=2),
+    "qwen3-reranker-0.6b": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                head_dim=8, intermediate_size=64, max_window_layers=2),
     "all-mpnet-base-v2": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
     "answerai-colbert-small-v1": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                       intermediate_size=64),
@@ -63,6 +65,11 @@ EMBEDDERS = ("labse", "bge-m3", "embeddinggemma-300m", "qwen3-embedding-0.6b", "
              *ORIGINAL_LAYOUT)
 RERANKERS = ("bge-reranker-v2-m3",)
 MULTI_VECTOR = ("answerai-colbert-small-v1",)
+# Refused as published, with the reason (the build must not take them for what they are not).
+REFUSED = ("qwen3-reranker-0.6b",)
+# Checkpoints of a whole causal language model, its head included (Qwen3-Reranker scores with it):
+# saved as transformers saves the class config.json names.
+CAUSAL_LM_CHECKPOINTS = ("qwen3-reranker-0.6b",)
 
 
 def published_files(slug: str) -> list[Path]:
@@ -88,7 +95,7 @@ def make_published(slug: str, path: Path, *, seed: int = 0) -> Path:
     if slug in ORIGINAL_LAYOUT:
         _original_layout_weights(ORIGINAL_LAYOUT[slug], config, path)
     else:
-        _weights(config, path)
+        _weights(config, path, causal_lm=slug in CAUSAL_LM_CHECKPOINTS)
     return path
 
 
@@ -167,9 +174,10 @@ def _wordpiece_as_published(facts: dict, made: Path) -> None:
 
 # --- The weights -----------------------------------------------------------------------------------
 
-def _weights(config: dict, path: Path) -> None:
+def _weights(config: dict, path: Path, causal_lm: bool = False) -> None:
     """Random weights under the names the published checkpoint has (transformers' own save of the
-    architecture the config names: an encoder's names without a prefix, a classifier's with it)."""
+    architecture the config names: an encoder's names without a prefix, a classifier's or a whole
+    causal language model's with it)."""
     import transformers
 
     architecture = config["architectures"][0]
@@ -177,6 +185,8 @@ def _weights(config: dict, path: Path) -> None:
                                                       model_type=config["model_type"])
     if architecture.endswith("ForSequenceClassification"):
         model = transformers.AutoModelForSequenceClassification.from_config(config_object)
+    elif causal_lm:
+        model = transformers.AutoModelForCausalLM.from_config(config_object)
     else:  # Qwen3-Embedding says Qwen3ForCausalLM, all-mpnet-base-v2 MPNetForMaskedLM: the encoder's weights
         model = transformers.AutoModel.from_config(config_object)
     with torch.no_grad():  # livelier than the initialization, so that vectors differ clearly

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from tests.support.published import (EMBEDDERS, MULTI_VECTOR, PUBLISHED, RERANKERS, SIZES, make_published,
-                                     published_files)
+from tests.support.published import (EMBEDDERS, MULTI_VECTOR, PUBLISHED, REFUSED, RERANKERS, SIZES,
+                                     make_published, published_files)
 
 SLUGS = sorted(p.name for p in PUBLISHED.iterdir() if p.is_dir())
 
@@ -29,7 +29,7 @@ def test_every_published_file_names_where_it_came_from(slug):
         json.loads(file.read_text())  # each is the JSON its model ships
 
 
-@pytest.mark.parametrize("slug", (*EMBEDDERS, *RERANKERS, *MULTI_VECTOR))
+@pytest.mark.parametrize("slug", (*EMBEDDERS, *RERANKERS, *MULTI_VECTOR, *REFUSED))
 def test_a_model_made_from_published_files_keeps_every_published_value_but_its_size(slug, tmp_path):
     made = make_published(slug, tmp_path / slug)
     published, config = (json.loads((folder / "config.json").read_text()) for folder in (PUBLISHED / slug, made))

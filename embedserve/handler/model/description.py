@@ -199,6 +199,9 @@ class ModelDescription:
     sparse: SparsePooling | None = None  # a SPLADE model's pooling; None for a dense one
     m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
     multi_vector: MultiVector | None = None  # a ColBERT model's token pipeline
+    # A causal language model's architecture (Qwen3ForCausalLM, ...) where no Pooling module says
+    # how to pool it: the mean the folder would get is no vector its makers meant (below).
+    unpooled_decoder: str | None = None
 
     @property
     def task(self) -> Task:
@@ -221,6 +224,17 @@ class ModelDescription:
             return replace(self, pooling=Pooling((self.sparse.name,)))
         if self.multi_vector:  # every token is an output: nothing to pool
             return replace(self, pooling=Pooling(("none: a vector per token",)))
+        if self.unpooled_decoder and pooling_setting == "auto":
+            # sentence-transformers would take the mean of a bare folder's token states: for a
+            # decoder that is neither an embedder's vector (they read the last token) nor a
+            # reranker's score (Qwen3-Reranker as published), and it would pass the build's check.
+            raise ModelFilesError(
+                f"config.json names {self.unpooled_decoder}, a causal language model, and the folder has no "
+                "sentence-transformers files (modules.json with a Pooling module) saying how to make a vector of it; "
+                "the mean of its token states that sentence-transformers would take is no vector its makers meant. "
+                "An embedding model: add its modules.json and Pooling config, or build with --pooling (last_token "
+                "for most decoder embedders). A reranker such as Qwen3-Reranker: build its sentence-transformers "
+                "conversion (a Transformer and a LogitScore module; docs/models.md)")
         pooling = self.pooling or Pooling(("mean",))
         if pooling_setting != "auto":
             pooling = Pooling((pooling_setting,), include_prompt=pooling.include_prompt)

@@ -35,6 +35,9 @@ from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES
 from embedserve.handler.model.head import activation_class, check_head_module
 from embedserve.handler.model.pylate import is_pylate, prefixed_prompts, read_pylate
 
+# How a causal language model's checkpoint names its architecture (config.json's `architectures`).
+DECODER_HEADS = ("ForCausalLM", "LMHeadModel")
+
 _MODE_ALIASES = {"lasttoken": "last_token", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
 
 # Architectures whose position ids start after the padding id (fairseq's convention), so the
@@ -60,6 +63,9 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     m3 = None if scoring or sparse or multi_vector else _read_m3(model_dir)
     if scoring and scoring.logit_score:  # the score is read at the last token
         pooling = Pooling(("last_token",))
+    architecture = str((config.get("architectures") or [""])[0])
+    unpooled_decoder = architecture if pooling is None and not (scoring or sparse or multi_vector or m3) and \
+        architecture.endswith(DECODER_HEADS) else None
     transformer = _read_json(model_dir / "sentence_bert_config.json") if (
         model_dir / "sentence_bert_config.json").is_file() else {}
     prompts, default_prompt_name = _read_prompts(model_dir)
@@ -79,6 +85,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         sparse=sparse,
         m3=m3,
         multi_vector=multi_vector,
+        unpooled_decoder=unpooled_decoder,
     )
 
 

@@ -170,6 +170,22 @@ def test_hub_id_offline_fails_with_a_clear_message(config, capsys, monkeypatch):
     assert "could not download 'sentence-transformers/all-mpnet-base-v2'" in err and "--model PATH" in err
 
 
+def test_qwen3_reranker_as_published_is_refused_not_served_as_an_embedder(tmp_path, config, capsys):
+    """Qwen3-Reranker-0.6B as published: a Qwen3ForCausalLM and its tokenizer, no
+    sentence-transformers files. sentence-transformers would take the mean of its token states,
+    and the build's check against it would pass: the build says what to build instead. An explicit
+    --pooling is the user's choice, and describes."""
+    from embedserve.handler.model.files import describe_model
+    from tests.support.published import make_published
+
+    folder = make_published("qwen3-reranker-0.6b", tmp_path / "Qwen3-Reranker-0.6B")
+    assert run_build(config, "--model", str(folder)) == 1
+    err = capsys.readouterr().err
+    assert "Qwen3ForCausalLM, a causal language model" in err and "--pooling" in err and "LogitScore" in err
+    assert not (config.parent / "store").exists() or not list((config.parent / "store").iterdir())
+    assert describe_model(folder).served_with("last_token").pooling.modes == ("last_token",)
+
+
 def test_folder_that_is_not_a_model_is_refused(tmp_path, config, capsys):
     (tmp_path / "empty").mkdir()
     assert run_build(config, "--model", str(tmp_path / "empty")) == 1
