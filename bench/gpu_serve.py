@@ -32,7 +32,7 @@ import requests
 
 from bench.load import run_load
 
-SHAPES = ((1, 1), (64, 1), (256, 1), (256, 32))  # (clients, texts per request)
+SHAPES = ((1, 1), (64, 1), (256, 1), (64, 32), (256, 32))  # (clients, texts per request)
 TARGET = {"texts_per_s": 10_000, "clients": 256}
 CLIENTS_PER_PROCESS = 32
 SAMPLE_S = 0.25
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="minilm", help="the model's name in URLs")
     parser.add_argument("--device", default="cuda", help="recorded in the report")
     parser.add_argument("--deadline", type=float, default=0.0, help="epoch seconds by which `run` has stopped")
-    parser.add_argument("--shapes", default="", help='e.g. "1x1 64x1 256x1 256x32" (clients x texts per request)')
+    parser.add_argument("--shapes", default="", help='default "1x1 64x1 256x1 64x32 256x32" (clients x texts per request)')
     parser.add_argument("--seconds", type=float, default=12.0, help="measured seconds per shape, at most")
     parser.add_argument("--warmup", type=float, default=4.0, help="uncounted seconds of each shape first")
     parser.add_argument("--processes", type=int, default=0, help="load processes at most (0: half the CPUs)")

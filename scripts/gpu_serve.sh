@@ -36,7 +36,7 @@
 #   GPU_SERVE_STAGE=/tmp/embedserve-gpu   where the archives are unpacked
 #   GPU_SERVE_RUNTIME=build/gpu/runtime.tar.xz      `installed`: Java and TorchServe as installed
 #   GPU_SERVE_MODEL=build/gpu/minilm-fp16.tar.xz    an archive of one model folder, or a folder
-#   GPU_SERVE_SHAPES="1x1 64x1 256x1 256x32"        clients x texts per request
+#   GPU_SERVE_SHAPES="1x1 64x1 256x1 64x32 256x32"  clients x texts per request
 #   GPU_SERVE_SHAPE_SECONDS=12      measured seconds per shape, at most (less when the budget is short)
 #   GPU_SERVE_WARMUP_SECONDS=4      uncounted seconds before each shape
 #   GPU_SERVE_PROCESSES=0           load processes at most (0: half the CPUs; 32 clients each)

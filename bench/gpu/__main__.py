@@ -48,7 +48,7 @@ from embedserve.archive.corpus import mixed_corpus
 from bench.gpu.common import TORCHSERVE_BATCH, mode_name, progress
 from bench.gpu.correctness import adversarial, compare, embed_batches, mode_correctness
 from bench.gpu.engines import Bench, PeakMemory, mib, release
-from bench.gpu.environment import environment, peak_flops, sdpa_runs, tokenizer_threads
+from bench.gpu.environment import environment, peak_flops, sdpa_runs, tensorrt_offer, tokenizer_threads
 from bench.gpu.models import default_model, describe, pick_models, write_fp16_copy
 from bench.gpu.report import check_targets, checkpointer, plot, write_atomically
 from bench.gpu.speed import handle, latency, packed_against_padded, saturation
@@ -168,6 +168,8 @@ def run(scratch: Path, model: Path | None, cuda: bool, plan: Plan, overrides: di
     section = Sections(results, checkpoint)
     if cuda:
         results["environment"]["sdpa_runs"] = section("environment.sdpa_runs", sdpa_runs)
+    # What a TensorRT engine could run on here: its wheels are far over what a GPU call carries.
+    results["environment"]["tensorrt"] = section("environment.tensorrt", tensorrt_offer)
     results["peak_flops"] = section("peak_flops", peak_flops, cuda)
     bench = Bench(device, overrides, results["engines"], memory)
     primary, name_of_primary = models["minilm"][:2]

@@ -32,6 +32,10 @@ def test_cpu_mode_reports_every_section(results):
     assert report["device"] == "cpu" and report["environment"]["gpu"] is None
     for key in ("torch", "transformers", "sentence_transformers"):
         assert report["environment"][key]
+    # What the machine offers TensorRT: on this one, ONNX Runtime's CPU provider and no TensorRT.
+    offer = report["environment"]["tensorrt"]
+    assert "CPUExecutionProvider" in offer["onnxruntime_providers"] and offer["onnxruntime"]
+    assert {"tensorrt", "torch_tensorrt", "onnxruntime_tensorrt", "onnxruntime_cuda"} <= set(offer)
     assert {"minilm", "bert_base"} <= set(report["models"]) and "RANDOM" in report["models"]["bert_base"]["weights"]
     assert {"reference_float32", "float32_eager", "bfloat16_eager"} <= set(report["engines"])
     assert all(row["startup_s"] > 0 for row in report["engines"].values())
