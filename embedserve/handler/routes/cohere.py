@@ -77,7 +77,9 @@ def schemas(model: ServedModel) -> dict[str, Any]:
         "CohereRerankRequest": {"type": "object", "required": ["query", "documents"], "properties": {
             "query": ref("Text"), "documents": {**many_, "items": document},
             "top_n": {"type": ["integer", "null"], "minimum": 1},
-            "return_documents": {"type": ["boolean", "null"]}, "model": {"type": ["string", "null"]},
+            "return_documents": {"type": ["boolean", "null"]},
+            # Checked to be strings, then ignored, as on the embedding routes.
+            **{key: {"type": ["string", "null"]} for key in IGNORED_FIELDS},
             "instruction": {"type": ["string", "null"], "maxLength": model.settings.max_input_chars,
                             "description": "the task, as the chat template's system message; missing or null: the "
                                            "model's default prompt, else its template's own"}

@@ -321,3 +321,22 @@ def test_similarity_is_the_cosine_of_sentence_transformers_embeddings(tiny_model
                         ({"inputs": ["a", "b"]}, "inputs")):
         status, answer = call(svc, "similarity", body)
         assert status == 400 and f"'{field}'" in answer["error"], (body, answer)
+
+
+@pytest.mark.parametrize("route", ["v1/rerank", "v2/rerank"])
+def test_the_cohere_rerank_document_holds_the_fields_the_route_checks(rerankers, route):
+    """`model` and `user` are checked to be strings, then ignored: the request schema says so, so
+    that a body it allows (schemathesis sent `"user": []`) is not refused."""
+    import jsonschema
+
+    svc = service(rerankers["bert"])
+    document = svc.openapi()
+    schema = {**document["components"]["schemas"]["CohereRerankRequest"], "components": document["components"]}
+    validator = jsonschema.Draft202012Validator(schema)
+    good = {"query": "a cat", "documents": ["a small animal", "a car"], "model": "m", "user": "u"}
+    assert validator.is_valid(good) and call(svc, route, good)[0] == 200
+    for field in ("model", "user"):
+        bad = {**good, field: []}
+        assert not validator.is_valid(bad)
+        status, answer = call(svc, route, bad)
+        assert status == 400 and answer["error"]["param"] == field
