@@ -46,7 +46,7 @@ import numpy as np
 import requests
 import torch
 
-from bench.serving import serve_model
+from bench.serving import serve_model, server_cpu_seconds
 from bench.load import run_load
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
@@ -131,15 +131,6 @@ def in_process(model_dir: Path, texts: list[str], threads: int) -> tuple[dict, d
     return {"texts": len(texts), "threads": threads, "batch_size": 32, **rows,
             "note": "each encode call runs its longest batch once more first (FlagEmbedding's batch-size trial), "
                     "as its users get it"}, encoded
-
-
-def server_cpu_seconds(server: TorchServe) -> tuple[float, float]:
-    """The CPU seconds TorchServe has used so far: its frontend (the JVM), and its workers."""
-    import psutil
-
-    frontend = psutil.Process(server.pid())
-    return (sum(frontend.cpu_times()[:2]),
-            sum(sum(process.cpu_times()[:2]) for process in frontend.children(recursive=True)))
 
 
 def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: float,

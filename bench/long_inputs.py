@@ -37,7 +37,7 @@ import requests
 
 from bench.batch import cpu_model
 from bench.serving import serve_model
-from bench.sparse import server_cpu_seconds
+from bench.serving import server_cpu_seconds
 from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary_words
 from embedserve.archive.default_model import fetch_default_model
 
@@ -73,9 +73,9 @@ def short_latencies(url: str, auth: dict, stop: threading.Event, seconds: float 
 
 def measured(server, work) -> tuple[float, float, Any]:
     """`work()`: its wall seconds, TorchServe's CPU seconds during it, its result."""
-    cpu, started = server_cpu_seconds(server), time.perf_counter()
+    cpu, started = sum(server_cpu_seconds(server)), time.perf_counter()
     result = work()
-    return time.perf_counter() - started, server_cpu_seconds(server) - cpu, result
+    return time.perf_counter() - started, sum(server_cpu_seconds(server)) - cpu, result
 
 
 def one_round(server, url: str, auth: dict, text: str, pieces: list[str]) -> dict:

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import urllib.request
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -33,6 +34,7 @@ import yaml
 from embedserve.archive.build import main as build_main
 from embedserve.archive.ts_config import read_properties, register_model
 from bench.load import WARMUP_SECONDS, run_load, warm_up
+from bench.serving import server_cpu_seconds
 from embedserve.scripts.serverctl import TorchServe, isolated_config
 from tests.support.tiny_model import WORDS, make_tiny_model
 
@@ -81,12 +83,15 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
             runs: dict[str, list[dict]] = {name: [] for name in urls}
             for _ in range(REPEATS):
                 for name, url in urls.items():
-                    processes = CpuCounters(server, name)
+                    workers = worker_pids(server, name)
+                    before = server_cpu_seconds(server, workers)
                     load = run_load(url, server.auth(), texts, tokens, concurrency=clients, texts_per_request=1,
                                     seconds=seconds, warmup_seconds=0.0)
+                    frontend, worker = (end - start for end, start in zip(server_cpu_seconds(server, workers), before))
                     # Every request the counters saw: the counted, the failed, and one a client before them.
                     served = load.requests + sum(load.errors.values()) + clients
-                    runs[name].append({**load.summary(), **processes.per_request(served)})
+                    runs[name].append({**load.summary(), "worker_cpu_us": round(worker / served * 1e6, 1),
+                                       "frontend_cpu_us": round(frontend / served * 1e6, 1)})
                     time.sleep(0.5)
         finally:
             server.stop()
@@ -97,31 +102,10 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
                         "p99_ms": median["p99_ms"], "errors": median["errors"],
                         "runs_requests_per_s": [r["texts_per_s"] for r in name_runs],
                         # CPU a request: the median over the runs, each counter on its own.
-                        **{key: _median([r[key] for r in name_runs]) for key in ("worker_cpu_us", "frontend_cpu_us")}}
+                        **{key: statistics.median_low([r[key] for r in name_runs]) for key in ("worker_cpu_us", "frontend_cpu_us")}}
     result["ratio"] = round(result["tiny"]["requests_per_s"] / result["noop"]["requests_per_s"], 3)
     result["handler_cpu_us"] = round(result["tiny"]["worker_cpu_us"] - result["noop"]["worker_cpu_us"], 1)
     return result
-
-
-class CpuCounters:
-    """The CPU seconds (user + system, from the kernel's counters) of one model's worker
-    processes and of the frontend, from now until `per_request`."""
-
-    def __init__(self, server: TorchServe, model: str):
-        import psutil
-
-        self.frontend = psutil.Process(server.pid())
-        self.workers = [psutil.Process(pid) for pid in worker_pids(server, model)]
-        self.start = self._read()
-
-    def _read(self) -> tuple[float, float]:
-        return (sum(self.frontend.cpu_times()[:2]),
-                sum(sum(worker.cpu_times()[:2]) for worker in self.workers))
-
-    def per_request(self, requests: int) -> dict:
-        frontend, workers = (end - start for end, start in zip(self._read(), self.start))
-        return {"worker_cpu_us": round(workers / requests * 1e6, 1),
-                "frontend_cpu_us": round(frontend / requests * 1e6, 1)}
 
 
 def worker_pids(server: TorchServe, model: str) -> list[int]:
@@ -130,10 +114,6 @@ def worker_pids(server: TorchServe, model: str) -> list[int]:
     with urllib.request.urlopen(request, timeout=30) as response:
         described = json.load(response)
     return [worker["pid"] for version in described for worker in version["workers"]]
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def _entry(config: Path, name: str) -> dict:

@@ -26,6 +26,16 @@ TARGET_SHAPES = {(64, 1), (1, 1)}
 REPEATS = 3
 
 
+def server_cpu_seconds(server: TorchServe, workers: list[int] | None = None) -> tuple[float, float]:
+    """The CPU seconds (user + system, the kernel's counters) TorchServe has used so far: its
+    frontend (the JVM), and its workers: the processes `workers` names, else all of them."""
+    import psutil
+
+    frontend = psutil.Process(server.pid())
+    processes = frontend.children(recursive=True) if workers is None else [psutil.Process(pid) for pid in workers]
+    return sum(frontend.cpu_times()[:2]), sum(sum(process.cpu_times()[:2]) for process in processes)
+
+
 @contextmanager
 def serve_model(model_dir: Path, name: str, what: str, build_args: tuple[str, ...] = (),
                 properties: dict[str, str] | None = None) -> Iterator[TorchServe]:

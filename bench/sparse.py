@@ -40,7 +40,7 @@ import numpy as np
 import requests
 import torch
 
-from bench.serving import serve_model
+from bench.serving import serve_model, server_cpu_seconds
 from bench.load import run_load
 from embedserve.archive.corpus import load_tokenizer, mixed_corpus
 from embedserve.archive.default_model import fetch_default_model
@@ -123,14 +123,6 @@ def in_process(model_dir: Path, texts: list[str], threads: int) -> tuple[dict, t
             "cpu_ms_per_text": round(cpu / len(texts) * 1000, 1), "peak_rss_growth_mib": growth}, vectors
 
 
-def server_cpu_seconds(server: TorchServe) -> float:
-    """The CPU seconds TorchServe has used so far: its frontend and its workers."""
-    import psutil
-
-    frontend = psutil.Process(server.pid())
-    return sum(sum(process.cpu_times()[:2]) for process in [frontend, *frontend.children(recursive=True)])
-
-
 def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: float) -> dict:
     """The default build of the model on a TorchServe of its own: load runs, and its vectors."""
     with serve_model(model_dir, NAME, "the SPLADE model") as server:
@@ -142,10 +134,10 @@ def served(model_dir: Path, texts: list[str], token_counts: list[int], seconds: 
                     body=lambda batch: {"inputs": batch})
         for clients in CLIENTS:
             run_load(url, auth, concurrency=clients, seconds=WARMUP_S[clients], **load)
-            cpu_started = server_cpu_seconds(server)
+            cpu_started = sum(server_cpu_seconds(server))
             loads = [run_load(url, auth, concurrency=clients, seconds=seconds, **load) for _ in range(REPEATS)]
             # The server's CPU over the runs, their uncounted first seconds included: an upper bound.
-            cpu_ms = (server_cpu_seconds(server) - cpu_started) / sum(run.texts for run in loads) * 1000
+            cpu_ms = (sum(server_cpu_seconds(server)) - cpu_started) / sum(run.texts for run in loads) * 1000
             runs = [run.summary() for run in loads]
             median = dict(sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2])
             rows[clients] = {**median, "runs_texts_per_s": [run["texts_per_s"] for run in runs],
