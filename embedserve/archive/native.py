@@ -62,7 +62,7 @@ def convert_to_native(folder: Path) -> str | None:
     if dropped:
         staged[NATIVE_FIELD]["heads_dropped"] = dropped
     (folder / "config.json").write_text(json.dumps(staged, indent=2))
-    _drop_loader_args(folder)
+    drop_loader_args(folder)
     return native_note(folder)
 
 
@@ -74,7 +74,8 @@ def convert_to_native(folder: Path) -> str | None:
 _ORIGINAL_LOADER_ARGS = ("safe_serialization",)
 
 
-def _drop_loader_args(folder: Path) -> None:
+def drop_loader_args(folder: Path) -> None:
+    """Drop the original loader's own arguments from the folder's sentence_bert_config.json."""
     path = folder / "sentence_bert_config.json"
     if not path.is_file():
         return

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from embedserve.archive.native import drop_loader_args
 from tests.support import REPO
 from tests.support.native_models import GTE_MLP, HEADS, HIDDEN, LAYERS, native_model, save_native, \
     save_original_weights
@@ -216,11 +217,7 @@ def _original_layout_weights(family: str, config: dict, path: Path) -> None:
     native = path.with_name(f"{path.name}-native")
     shutil.copytree(path, native)
     save_native(model, native)  # its config.json in place of the original's
-    settings = native / "sentence_bert_config.json"  # nomic's loader argument, which the native class does not take
-    if settings.is_file():
-        published = json.loads(settings.read_text())
-        published.get("model_args", {}).pop("safe_serialization", None)
-        settings.write_text(json.dumps(published, indent=2))
+    drop_loader_args(native)  # nomic's loader argument, which the native class does not take, as the build drops it
     # A checkpoint saved with a head of its own code beside the encoder (gte-multilingual-base's
     # NewForTokenClassification: the token weights' Linear(hidden, num_labels)) holds its weights too.
     head = {}
