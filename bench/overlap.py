@@ -32,7 +32,7 @@ from bench.request_path import short_texts
 from embedserve.archive.build import main as build_main
 from embedserve.handler.worker.cpu_features import describe_cpu
 from embedserve.scripts.serverctl import TorchServe, isolated_config
-from tests.support.client import metric_samples
+from tests.support.client import settled_metric_samples
 from tests.support.faults import FAULTS_ENV
 from tests.support.serving import with_fault_entry
 from tests.support.tiny_model import make_tiny_model
@@ -87,7 +87,6 @@ def _serve_and_load(root: Path, model: Path, workers: int, delay: int, clients: 
             os.environ[FAULTS_ENV] = previous
     batches = after["EmbedBatches"] - before["EmbedBatches"]
     passes = after["EmbedForwardPasses"] - before["EmbedForwardPasses"]
-    # The counters include the warm-up's tail that was still in flight: a mean, not an exact count.
     inputs = after["EmbedInputs"] - before["EmbedInputs"]
     return {"workers": workers, "device_ms": delay, "clients": clients, "texts_per_s": result["texts_per_s"],
             "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"], "errors": result["errors"],
@@ -96,8 +95,10 @@ def _serve_and_load(root: Path, model: Path, workers: int, delay: int, clients: 
 
 
 def _counters(server: TorchServe) -> dict[str, float]:
-    """The handler's counters, summed over every series (workers, tasks)."""
-    samples = metric_samples(server, "tiny")
+    """The handler's counters, summed over every series (workers, tasks), once every worker has
+    sent its last sums: a worker sends them at most every COUNTER_FLUSH_S, so a read during the
+    load's tail could see one counter of a flush and not yet the next (passes/batch off by a flush)."""
+    samples = settled_metric_samples(server, "tiny")
     return {name: sum(value for (sample, _), value in samples.items() if sample == name)
             for name in ("EmbedBatches", "EmbedForwardPasses", "EmbedInputs")}
 
