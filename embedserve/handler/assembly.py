@@ -177,7 +177,7 @@ def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placemen
 def warm_up(encoder: Encoder, text: EmbedTask) -> Speed:
     """Embed once (a broken model fails here, not on a request), then measure the speed: the
     work bound's tokens per second and, unless set, what a forward pass costs the planner."""
-    if not all(finite_rows(encoder.embed(plain_inputs(text.checks.token_ids([WARMUP_TEXT]))).vectors)):
+    if not all(finite_rows(encoder.embed(plain_inputs(text.checks.text.token_ids([WARMUP_TEXT]))).vectors)):
         raise RuntimeError("warm-up embedding is not finite; the model weights are broken")
     speed = encoder.measure_speed()
     if not text.settings.pass_overhead_tokens:

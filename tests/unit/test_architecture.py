@@ -12,7 +12,7 @@ import pytest
 
 HANDLER = Path(__file__).resolve().parents[2] / "embedserve" / "handler"
 # Bottom to top: a module may import from its own level or below.
-ORDER = ["worker", "model", "settings", "scheduling", "api", "tasks", "routes", "backends", "execution", "service",
+ORDER = ["worker", "model", "settings", "scheduling", "api", "inputs", "tasks", "routes", "backends", "execution", "service",
          "assembly", "torchserve"]
 ARCHITECTURE_DOC = HANDLER.parents[1] / "docs" / "architecture.md"
 

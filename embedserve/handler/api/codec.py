@@ -109,12 +109,6 @@ def required(payload: dict[str, Any], key: str) -> Any:
     return payload[key]
 
 
-def check_text(text: str, param: str) -> str:
-    if not text:
-        raise empty(f"'{param}' must not be an empty string", param=param)
-    return text
-
-
 def as_int(value: Any) -> int | None:
     """`value` as an integer: an int, or a float of integral value (JSON Schema's integer, what
     Python's json.dumps writes for 256.0); None for anything else, booleans included."""

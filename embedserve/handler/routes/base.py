@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from embedserve.handler.api.codec import check_method, check_text, decode_body, encode_error, is_text, option_value
+from embedserve.handler.api.codec import check_method, decode_body, encode_error, is_text, option_value
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
-from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, parse_inputs, parse_options
+from embedserve.handler.inputs.text import read_inputs, read_text
+from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, parse_options
 
 # (body, content type, method) -> the task's request; raises RequestError naming the field.
 Parse = Callable[[Any, "str | None", "str | None"], Any]
@@ -56,7 +57,7 @@ def embedding_request(route: Route, body: Any, content_type: str | None, method:
         check_method(method)
         payload = decode_body(body, content_type)
         if isinstance(payload, str) and is_text(content_type):
-            request = EmbeddingRequest(route, (check_text(payload, "body"),), field="body")
+            request = EmbeddingRequest(route, (read_text(payload, "body"),), field="body")
             return extend(request, {}) if extend else request
         if not isinstance(payload, dict):  # a JSON string is not a text/plain body
             raise malformed("request body must be a JSON object", param="body")
@@ -65,7 +66,7 @@ def embedding_request(route: Route, body: Any, content_type: str | None, method:
         name = "inputs" if route.tei else "input"
         if name not in payload:
             raise malformed(f"missing required field '{name}'", param=name)
-        request = EmbeddingRequest(route, parse_inputs(payload[name], name, allow_token_ids=allow_token_ids),
+        request = EmbeddingRequest(route, read_inputs(payload[name], name, allow_token_ids=allow_token_ids),
                                    parse_options(payload), field=name)
         return extend(request, payload) if extend else request
     except RequestError as err:
@@ -81,7 +82,7 @@ def texts_body(route: Route, body: Any, content_type: str | None, method: str | 
     check_method(method)
     payload = decode_body(body, content_type)
     if isinstance(payload, str) and is_text(content_type) and not route.tei:
-        return {}, (check_text(payload, "body"),), "body"
+        return {}, (read_text(payload, "body"),), "body"
     if not isinstance(payload, dict):
         raise malformed("request body must be a JSON object", param="body")
     name = "inputs" if route.tei else "input"
@@ -89,7 +90,7 @@ def texts_body(route: Route, body: Any, content_type: str | None, method: str | 
         raise malformed(f"missing required field '{name}'", param=name)
     for key in IGNORED_FIELDS:
         option_value(payload, key, str)
-    return payload, parse_inputs(payload[name], name, allow_token_ids=False), name
+    return payload, read_inputs(payload[name], name, allow_token_ids=False), name
 
 
 def describing(route: Route, operations: Callable[[Any], dict[str, Any]] | None = None) -> RouteSpec:

@@ -21,7 +21,8 @@ from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_r
                                               ref, scoring_option_schemas)
 from embedserve.handler.routes.tei import best_first
 from embedserve.handler.tasks.embed import IGNORED_FIELDS
-from embedserve.handler.tasks.score import Scores, ScoringRequest, parse_query, parse_texts, scoring_options
+from embedserve.handler.inputs.text import read_texts
+from embedserve.handler.tasks.score import Scores, ScoringRequest, parse_query, scoring_options
 
 
 def parse_rerank(route: Route, body: Any, content_type: str | None, method: str | None) -> ScoringRequest:
@@ -30,7 +31,7 @@ def parse_rerank(route: Route, body: Any, content_type: str | None, method: str 
     query = parse_query(payload)
     for key in IGNORED_FIELDS:
         option_value(payload, key, str)
-    documents = parse_texts(required(payload, "documents"), "documents", objects=True)
+    documents = read_texts(required(payload, "documents"), "documents", objects=True)
     return ScoringRequest(route, tuple((query, text) for text in documents), "documents",
                           return_text=bool(option_value(payload, "return_documents", bool)),
                           top_n=option_value(payload, "top_n", int),

@@ -35,7 +35,8 @@ from embedserve.handler.routes.tei import best_first
 from embedserve.handler.tasks.embed import IGNORED_FIELDS
 from embedserve.handler.tasks.multi_vector import (INPUT_TYPES, MaxSimScores, MultiVectorRequest, TokenEmbeddings,
                                                    parse_multi_vector_options)
-from embedserve.handler.tasks.score import parse_query, parse_texts
+from embedserve.handler.inputs.text import read_texts
+from embedserve.handler.tasks.score import parse_query
 
 MULTI_VECTOR = frozenset({Task.MULTI_VECTOR})
 
@@ -59,7 +60,7 @@ def parse_rerank(body: Any, content_type: str | None, method: str | None) -> Mul
         payload = json_object(body, content_type, method)
         options = parse_multi_vector_options({key: payload.get(key) for key in ("truncate", "truncation_direction")})
         option_value(payload, "raw_scores", bool)  # MaxSim has no activation: its scores are raw
-        texts = parse_texts(required(payload, "texts"), "texts")
+        texts = read_texts(required(payload, "texts"), "texts")
         return MultiVectorRequest(Route.TEI_RERANK, (parse_query(payload), *texts), options, field="texts",
                                   scoring=True, return_text=bool(option_value(payload, "return_text", bool)))
     except RequestError as err:
@@ -77,7 +78,7 @@ def parse_cohere_rerank(route: Route, body: Any, content_type: str | None, metho
                         "MaxSim over its query and document prompts", param="instruction")
     options = parse_multi_vector_options({key: payload.get(key) for key in ("truncate", "truncation_direction")})
     option_value(payload, "raw_scores", bool)  # MaxSim has no activation: its scores are raw
-    documents = parse_texts(required(payload, "documents"), "documents", objects=True)
+    documents = read_texts(required(payload, "documents"), "documents", objects=True)
     return MultiVectorRequest(route, (parse_query(payload), *documents), options, field="documents", scoring=True,
                               return_text=bool(option_value(payload, "return_documents", bool)),
                               top_n=option_value(payload, "top_n", int))

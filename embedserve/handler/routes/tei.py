@@ -18,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.handler.api.codec import check_text, dumps, json_object, json_type, option_value, required
+from embedserve.handler.api.codec import dumps, json_object, json_type, option_value, required
 from embedserve.handler.api.errors import empty, malformed
 from embedserve.handler.api.route import Route
+from embedserve.handler.inputs.text import read_inputs, read_text, read_texts
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, describing, embedding_request, parsing
 from embedserve.handler.routes.openai import encode_vector
@@ -29,9 +30,8 @@ from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMB
                                               many, one_vector_an_input, operation, options,
                                               quantizing_needs_normalizing, ref,
                                               scoring_option_schemas)
-from embedserve.handler.tasks.embed import (IGNORED_FIELDS, OPTION_TYPES, EmbeddingRequest, Embeddings, parse_inputs,
-                                            parse_options)
-from embedserve.handler.tasks.score import Pair, Scores, ScoringRequest, parse_query, parse_texts, scoring_options
+from embedserve.handler.tasks.embed import IGNORED_FIELDS, OPTION_TYPES, EmbeddingRequest, Embeddings, parse_options
+from embedserve.handler.tasks.score import Pair, Scores, ScoringRequest, parse_query, scoring_options
 
 SCORE_TASKS = frozenset({Task.RERANK, Task.CLASSIFY})
 
@@ -54,12 +54,12 @@ def parse_similarity(body: Any, content_type: str | None, method: str | None) ->
     if not isinstance(source, str):
         raise malformed(f"'inputs.source_sentence' must be a string, got {json_type(source)}",
                         param="inputs.source_sentence")
-    check_text(source, "inputs.source_sentence")
+    read_text(source, "inputs.source_sentence")
     sentences = value.get("sentences")
     if not isinstance(sentences, list):
         raise malformed(f"'inputs.sentences' must be a list of strings, got {json_type(sentences)}",
                         param="inputs.sentences")
-    inputs = (source, *parse_inputs(sentences, "inputs.sentences", allow_token_ids=False))
+    inputs = (source, *read_inputs(sentences, "inputs.sentences", allow_token_ids=False))
     options = parse_options(payload)
     for key in ("output_dtype", "encoding_format"):
         if getattr(options, key) != OPTION_TYPES[key][1][0]:
@@ -78,7 +78,7 @@ def parse_rerank(body: Any, content_type: str | None, method: str | None) -> Sco
     payload = json_object(body, content_type, method)
     common = scoring_options(payload)
     query = parse_query(payload)
-    texts = parse_texts(required(payload, "texts"), "texts")
+    texts = read_texts(required(payload, "texts"), "texts")
     return ScoringRequest(Route.TEI_RERANK, tuple((query, text) for text in texts), "texts",
                           return_text=bool(option_value(payload, "return_text", bool)), **common)
 
@@ -107,19 +107,19 @@ def _predict_inputs(value: Any) -> tuple[tuple[Pair, ...], bool]:
     """TEI's forms: a text; a pair [a, b]; a batch of texts and pairs. The answer is one list for
     the first two, a list per input for a batch."""
     if isinstance(value, str):
-        return ((check_text(value, "inputs"), None),), False
+        return ((read_text(value, "inputs"), None),), False
     if not isinstance(value, list) or not value:
         raise (empty if isinstance(value, list) else malformed)(
             f"'inputs' must be a text, a pair [text, text], or a non-empty list of them, got {json_type(value)}",
             param="inputs")
     if len(value) == 2 and all(isinstance(item, str) for item in value):
-        return ((check_text(value[0], "inputs[0]"), check_text(value[1], "inputs[1]")),), False
+        return ((read_text(value[0], "inputs[0]"), read_text(value[1], "inputs[1]")),), False
     inputs: list[Pair] = []
     for i, item in enumerate(value):
         if isinstance(item, str):
-            inputs.append((check_text(item, f"inputs[{i}]"), None))
+            inputs.append((read_text(item, f"inputs[{i}]"), None))
         elif isinstance(item, list) and len(item) == 2 and all(isinstance(text, str) for text in item):
-            inputs.append((check_text(item[0], f"inputs[{i}][0]"), check_text(item[1], f"inputs[{i}][1]")))
+            inputs.append((read_text(item[0], f"inputs[{i}][0]"), read_text(item[1], f"inputs[{i}][1]")))
         else:
             raise malformed(f"'inputs[{i}]' must be a text or a pair [text, text], got {json_type(item)}"
                             f"{f' of {len(item)} items' if isinstance(item, list) else ''}", param=f"inputs[{i}]")

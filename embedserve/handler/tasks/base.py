@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol, Sequence, Union
 import torch
 
 from embedserve.handler.api.errors import RequestError, internal_error, out_of_memory, too_large
+from embedserve.handler.inputs.text import TextLimits
 from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput, distinct_tokens
 from embedserve.handler.model.tokenization import TextTokenizer
@@ -78,7 +79,8 @@ class TaskSlice(Protocol):
 
 
 class RequestChecks:
-    """The limits every request of every task meets, and the model facts its checks need."""
+    """The limits every request of every task meets, the model facts its checks need, and the
+    limits of the input kinds the model reads (`text`, inputs/text.py)."""
 
     def __init__(self, tokenizer: TextTokenizer, settings: Settings, *, model_name: str, dimension: int,
                  max_length: int):
@@ -87,16 +89,12 @@ class RequestChecks:
         self.model_name = model_name
         self.dimension = dimension  # the served vector's width; a scoring model's label count
         self.max_length = max_length  # tokens per input
+        self.text = TextLimits(tokenizer, settings, max_length)
 
     def count(self, request: TaskRequest) -> None:
         if len(request.inputs) > self.settings.max_inputs_per_request:
             raise too_large(f"'{request.field}' has {len(request.inputs)} inputs; the limit is "
                             f"max_inputs_per_request={self.settings.max_inputs_per_request}", param=request.field)
-
-    def chars(self, text: str, param: str) -> None:
-        if len(text) > self.settings.max_input_chars:
-            raise too_large(f"'{param}' has {len(text)} characters; the limit is "
-                            f"max_input_chars={self.settings.max_input_chars}", param=param)
 
     def answer_size(self, request: TaskRequest, answer: int, remedy: str) -> None:
         """A request whose answer could exceed what the server sends back is refused before any work."""
@@ -105,11 +103,6 @@ class RequestChecks:
                             f"bytes; the server sends at most max_response_bytes={self.settings.max_response_bytes} "
                             f"per answer (the archive's, or the server's max_response_size where lower): {remedy}",
                             param=request.field)
-
-    def length(self, request: TaskRequest, index: int, full_length: int, truncate: bool, what: str = "") -> None:
-        if not truncate and full_length > self.max_length:
-            raise too_large(f"'{request.param(index)}' has {full_length} tokens{what}; the limit is {self.max_length} "
-                            "and truncation is off (send \"truncate\": true to cut it)", param=request.param(index))
 
     def tokens(self, total: int, field: str, budget: WorkBudget | None) -> None:
         if total > self.settings.max_tokens_per_request:
@@ -122,10 +115,6 @@ class RequestChecks:
                             f"{limit} tokens to finish well within the server's "
                             f"{budget.response_timeout_s:.0f} s response timeout; send fewer or shorter inputs per "
                             "request", param=field)
-
-    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
-        """Model input ids with the server's defaults (right truncation at max_length, no prompt)."""
-        return [self.tokenizer.assemble(body, self.max_length, "right").ids for body in self.tokenizer.body_ids(texts)]
 
 
 def each_request(requests: dict[int, Any], prepare: Callable[[Any], Job]) -> dict[int, Job | RequestError]:

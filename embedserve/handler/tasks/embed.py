@@ -13,15 +13,16 @@ normalization) runs on all requests of a batch together, quantizing on each alon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
 
-from embedserve.handler.api.codec import as_int, check_text, json_type, option_value, short
-from embedserve.handler.api.errors import RequestError, empty, internal_error, malformed, unprocessable
+from embedserve.handler.api.codec import as_int, json_type, option_value, short
+from embedserve.handler.api.errors import RequestError, internal_error, malformed, unprocessable
 from embedserve.handler.api.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from embedserve.handler.api.route import Route
+from embedserve.handler.inputs.text import BatchTokenizing, Input
 from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
@@ -63,10 +64,6 @@ INT_MINIMUMS = {"chunk_overlap": 0}
 CASE_INSENSITIVE = ("truncation_direction",)
 # OpenAI's request fields the URL makes needless: checked to be strings, then ignored.
 IGNORED_FIELDS = ("model", "user")
-
-# One input: a text, or pre-tokenized ids (OpenAI's token-array input).
-Input = Union[str, tuple[int, ...]]
-
 
 @dataclass(frozen=True)
 class Options:
@@ -111,42 +108,6 @@ class Embeddings:
 
 
 # --- reading the request ---------------------------------------------------------------------------
-
-def parse_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ...]:
-    kinds = "a string or a list of strings" + (", or token ids" if allow_token_ids else "")
-    if isinstance(value, str):
-        return (check_text(value, name),)
-    if not isinstance(value, list):
-        raise malformed(f"'{name}' must be {kinds}, got {json_type(value)}", param=name)
-    if not value:
-        raise empty(f"'{name}' must not be an empty list", param=name)
-    if allow_token_ids and as_int(value[0]) is not None:  # one pre-tokenized input: [101, 2023, ...]
-        return (_check_ids(value, name),)
-    parsed: list[Input] = []
-    for i, item in enumerate(value):
-        param = f"{name}[{i}]"
-        if isinstance(item, str):
-            parsed.append(check_text(item, param))
-        elif allow_token_ids and isinstance(item, list):
-            parsed.append(_check_ids(item, param))
-        else:
-            expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
-            raise malformed(f"'{param}' must be {expected}, got {json_type(item)}", param=param)
-    return tuple(parsed)
-
-
-def _check_ids(ids: list, param: str) -> tuple[int, ...]:
-    if not ids:
-        raise empty(f"'{param}' must not be an empty list of token ids", param=param)
-    checked = []
-    for j, token in enumerate(ids):
-        number = as_int(token)
-        if number is None or number < 0:
-            raise malformed(f"'{param}[{j}]' must be a non-negative integer token id, got {short(token)}",
-                            param=f"{param}[{j}]")
-        checked.append(number)
-    return tuple(checked)
-
 
 def refuse_long_input(payload: dict[str, Any], kind: str) -> None:
     """Outputs other than one dense vector an input (sparse weights, token vectors) are not combined
@@ -280,7 +241,7 @@ class EmbedTask:
         return self.checks.max_length
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
-        return self.checks.token_ids(texts)
+        return self.checks.text.token_ids(texts)
 
     def _measure_prompt(self, text: str) -> Prompt:
         if not text:
@@ -320,11 +281,7 @@ class EmbedTask:
                 texts[i] = prompt.text + item
                 bodies.append(None)
                 continue
-            for j, token in enumerate(item):
-                if token >= self.tokenizer.vocab_size:
-                    raise unprocessable(f"'{request.field}[{i}][{j}]' is token id {token}, outside the "
-                                        f"vocabulary of {self.tokenizer.vocab_size}",
-                                        param=f"{request.field}[{i}][{j}]")
+            self.checks.text.vocabulary(item, f"{request.field}[{i}]")
             if prompt.text:
                 texts[i] = prompt.text + self.tokenizer.decode(item)
             bodies.append(None if prompt.text else list(item))
@@ -333,25 +290,16 @@ class EmbedTask:
     def _tokenize(self, checked: dict[int, _Checked], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
         """The checked requests' texts tokenized in one call, then each request finished on its
         own: a request over a token limit gets its error, the others go on."""
-        texts = [text for pending in checked.values() for text in pending.texts.values()]
-        try:
-            tokenized = self.tokenizer.body_ids(texts) if texts else []
-        except Exception:  # a text that breaks the tokenizer: tokenize each request alone to find its owner
-            tokenized = None
+        tokenized = BatchTokenizing(self.tokenizer, [list(pending.texts.values()) for pending in checked.values()])
         outcomes: dict[int, Job | RequestError] = {}
-        start = 0
-        for index, pending in checked.items():
-            stop = start + len(pending.texts)
+        for group, (index, pending) in enumerate(checked.items()):
             try:
-                own = tokenized[start:stop] if tokenized is not None else \
-                    self.tokenizer.body_ids(list(pending.texts.values()))
-                outcomes[index] = self._finish(pending, own, budget)
+                outcomes[index] = self._finish(pending, tokenized.body_ids(group), budget)
             except RequestError as err:
                 outcomes[index] = err
             except Exception as err:  # a bug met by one request must not fail its batch
                 log_failure(f"preparing request {index} of the batch", err)
                 outcomes[index] = internal_error()
-            start = stop
         return outcomes
 
     def _finish(self, checked: _Checked, tokenized: list[list[int]], budget: WorkBudget | None) -> Job:
@@ -374,7 +322,7 @@ class EmbedTask:
         assembled = [self.tokenizer.assemble(body, max_length, options.truncation_direction, keep=prompt.tokens)
                      for body in bodies]
         for i, item in enumerate(assembled):
-            self.checks.length(request, i, item.full_length, truncate)
+            self.checks.text.length(request.param(i), item.full_length, truncate)
         inputs = [ModelInput(item.ids, unpooled=prompt.unpooled) for item in assembled]
         self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
         return Job(request, inputs, checked.normalize)
@@ -425,7 +373,7 @@ class EmbedTask:
         self.checks.count(request)
         for i, item in enumerate(request.inputs):
             if isinstance(item, str):
-                self.checks.chars(item, request.param(i))
+                self.checks.text.chars(item, request.param(i))
 
     def _check_options(self, request: EmbeddingRequest, normalize: bool, answer: bool = True) -> None:
         """The options' values, and with `answer` the answer's size bound."""

@@ -173,7 +173,7 @@ class MultiVectorTask:
     def _job(self, request: MultiVectorRequest, budget: WorkBudget | None) -> Job:
         self.checks.count(request)
         for i, text in enumerate(request.inputs):
-            self.checks.chars(text, request.param(i))
+            self.checks.text.chars(text, request.param(i))
         if not request.scoring:
             self._check_answer(request)
         options = request.options
@@ -185,7 +185,7 @@ class MultiVectorTask:
         for i, (kind, body) in enumerate(zip(kinds, bodies)):
             keep = self._prompt_tokens.get(kind or "", 0)
             item = self.tokenizer.assemble(body, self.max_length(kind), options.truncation_direction, keep=keep)
-            self.checks.length(request, i, item.full_length, truncate)
+            self.checks.text.length(request.param(i), item.full_length, truncate)
             inputs.append(self._expanded(list(item.ids)) if kind == "query" else ModelInput(item.ids))
         self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
         return Job(request, inputs)

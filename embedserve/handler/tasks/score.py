@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedserve.handler.api.codec import check_text, json_type, option_value, required
+from embedserve.handler.api.codec import json_type, option_value, required
 from embedserve.handler.api.errors import RequestError, empty, internal_error, malformed, unprocessable
 from embedserve.handler.api.route import Route
+from embedserve.handler.inputs.text import read_text
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer, ChatTemplateError
 from embedserve.handler.model.description import Scoring, Task
 from embedserve.handler.model.head import activation_class
@@ -74,29 +75,11 @@ def scoring_options(payload: dict[str, Any]) -> dict[str, Any]:
                                                   case_insensitive=True) or "right")
 
 
-def parse_texts(value: Any, name: str, objects: bool = False) -> list[str]:
-    """A non-empty list of texts; with `objects`, {"text": ...} items too (Cohere, Jina)."""
-    if not isinstance(value, list):
-        raise malformed(f"'{name}' must be a list of strings, got {json_type(value)}", param=name)
-    if not value:
-        raise empty(f"'{name}' must not be an empty list", param=name)
-    texts = []
-    for i, item in enumerate(value):
-        param = f"{name}[{i}]"
-        if objects and isinstance(item, dict):
-            item, param = item.get("text"), f"{param}.text"
-        if not isinstance(item, str):
-            kind = "a string or an object with a 'text' string" if objects else "a string"
-            raise malformed(f"'{param}' must be {kind}, got {json_type(item)}", param=param)
-        texts.append(check_text(item, param))
-    return texts
-
-
 def parse_query(payload: dict[str, Any]) -> str:
     query = required(payload, "query")
     if not isinstance(query, str):
         raise malformed(f"'query' must be a string, got {json_type(query)}", param="query")
-    return check_text(query, "query")
+    return read_text(query, "query")
 
 
 def max_scoring_answer_bytes(request: ScoringRequest, labels: int) -> int:
@@ -142,13 +125,13 @@ class ScoreTask:
                 if predict else ("query", request.param(i))
             for text, param in zip((first, second), names):
                 if text is not None:
-                    checks.chars(text, param)
+                    checks.text.chars(text, param)
         checks.answer_size(request, max_scoring_answer_bytes(request, len(self.labels)),
                            "send fewer inputs per request, or do not ask for the texts back")
         tokenized = self._pairs(request)
         truncate = self.settings.truncate if request.truncate is None else request.truncate
         for i, item in enumerate(tokenized):
-            checks.length(request, i, item.full_length, truncate, "" if predict else " with its query")
+            checks.text.length(request.param(i), item.full_length, truncate, "" if predict else " with its query")
         inputs = [ModelInput(item.ids, second=item.second) for item in tokenized]
         checks.tokens(sum(len(item) for item in inputs), request.field, budget)
         return Job(request, inputs)
@@ -167,7 +150,7 @@ class ScoreTask:
                 raise unprocessable(f"'{request.param(i)}' is a single text; this reranker scores (query, document) "
                                     "pairs through its chat template: send [query, document]", param=request.param(i))
         instruction = self.default_instruction if request.instruction is None else request.instruction
-        self.checks.chars(instruction, "instruction")
+        self.checks.text.chars(instruction, "instruction")
         try:
             return self.chat_pairs.pairs(request.inputs, max_length, request.truncation_direction, instruction)
         except ChatTemplateError as err:

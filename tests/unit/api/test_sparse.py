@@ -184,7 +184,7 @@ def test_other_sparse_pipelines_are_refused_by_name(models, tmp_path):
 
 def test_the_encoder_keeps_only_non_zero_entries_by_ascending_id(services):
     svc = services["xlmr-max-relu"]
-    embedded = svc.encoder.embed(plain_inputs(svc.text.checks.token_ids(["hello world", "a"])))
+    embedded = svc.encoder.embed(plain_inputs(svc.text.checks.text.token_ids(["hello world", "a"])))
     assert isinstance(embedded.vectors, list) and all(row.shape[0] == 2 for row in embedded.vectors)
     assert all((row[1] > 0).all() and np.all(np.diff(row[0]) > 0) for row in embedded.vectors)
 
