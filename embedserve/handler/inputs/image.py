@@ -1,0 +1,146 @@
+"""The image kind: an image item of a request's body read, checked and decoded, guarded.
+
+Reading: an item is a data URI, `data:<media type>[;...];base64,<data>`, of a media type in
+MEDIA_TYPES. A URL is refused: the server fetches nothing a request names, so that it is never
+a way into the network it sits in.
+
+Limits (ImageLimits), each refused with the item and the limit named, before the work it bounds:
+- bytes an image, from the data URI's length, before its base64 is decoded (413);
+- pixels an image, from the file's header, before a pixel is decoded: a decompression bomb (a
+  few kilobytes of PNG that claim 10,000 x 10,000 pixels) is refused at its header (413);
+- the ratio of its sides: a 1 x 50,000 strip resized for a vision tower is noise (400);
+- images a request (413).
+
+Decoding: Pillow, held to the format the media type names (a PNG sent as image/jpeg is refused,
+saying what the bytes are); truncated files refused (Pillow's LOAD_TRUNCATED_IMAGES stays off,
+so a cut file is an error, not an image filled with grey); an animation's first frame; RGB out,
+as the image processors of CLIP, SigLIP and ColPali take it.
+
+Every failure is the item's own RequestError: the batch's other requests go on, and nothing an
+image holds can fail the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from embedserve.handler.api.codec import json_type, short
+from embedserve.handler.api.errors import RequestError, empty, malformed, too_large, unprocessable
+
+# The media types an image item may have, and the Pillow format each must decode as.
+MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF",
+               "image/bmp": "BMP"}
+URL_SCHEMES = ("http://", "https://", "ftp://", "file:", "s3://", "gs://")
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    max_image_bytes: int = 10 * 2**20  # an image's file, decoded from base64
+    # Pixels an image: 40 million is a 7,300 x 5,500 photograph, past any vision tower's input,
+    # and below Pillow's own bomb threshold (89 million), so this check, not Pillow's, decides.
+    max_image_pixels: int = 40_000_000
+    max_aspect_ratio: float = 100.0  # the longer side over the shorter
+    max_images_per_request: int = 64
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image item as sent: its media type and its file's bytes."""
+    media_type: str
+    data: bytes
+
+
+def read_image(value: Any, param: str, limits: ImageLimits) -> EncodedImage:
+    """An image item: a data URI of an image media type, its bytes within the limit."""
+    if not isinstance(value, str):
+        raise malformed(f"'{param}' must be an image as a data URI string (data:image/png;base64,...), got "
+                        f"{json_type(value)}", param=param)
+    if value.lower().startswith(URL_SCHEMES):
+        raise unprocessable(f"'{param}' is a URL; the server fetches no URL a request names: send the image itself "
+                            "as a data URI (data:image/png;base64,...)", param=param)
+    header, comma, payload = value.partition(",")
+    if not header.lower().startswith("data:") or not comma:
+        raise malformed(f"'{param}' must be a data URI (data:image/png;base64,...), got {short(value[:64])}",
+                        param=param)
+    parameters = [part.strip().lower() for part in header[5:].split(";")]
+    media_type = parameters[0]
+    if media_type not in MEDIA_TYPES:
+        raise unprocessable(f"'{param}' is a data URI of {short(media_type or 'no media type')}; an image item is "
+                            f"one of {', '.join(MEDIA_TYPES)}", param=param)
+    if parameters[-1] != "base64":
+        raise malformed(f"'{param}' must be base64-encoded (data:{media_type};base64,...)", param=param)
+    # The decoded size, from the encoded length, before decoding: 3 bytes per 4 characters.
+    encoded_bytes = len(payload) * 3 // 4
+    if encoded_bytes > limits.max_image_bytes:
+        raise too_large(f"'{param}' holds about {encoded_bytes} bytes of image; the limit is "
+                        f"max_image_bytes={limits.max_image_bytes}", param=param)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise malformed(f"'{param}' is not valid base64 after 'base64,'", param=param) from None
+    if not data:
+        raise empty(f"'{param}' holds no image bytes", param=param)
+    return EncodedImage(media_type, data)
+
+
+def check_count(images: int, field: str, limits: ImageLimits) -> None:
+    if images > limits.max_images_per_request:
+        raise too_large(f"'{field}' has {images} images; the limit is max_images_per_request="
+                        f"{limits.max_images_per_request}", param=field)
+
+
+def decode_image(image: EncodedImage, param: str, limits: ImageLimits) -> Image.Image:
+    """The image's pixels as RGB, after its header passed the limits. Decode and prepare one image
+    at a time: a decoded image takes width x height x 3 bytes (120 MB at the pixel limit), its
+    prepared pixel values a vision tower's input (224 x 224 x 3 floats for CLIP)."""
+    expected = MEDIA_TYPES[image.media_type]
+    with warnings.catch_warnings():
+        # Pillow warns past its own threshold; the pixel limit below refuses such images first.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            opened = Image.open(io.BytesIO(image.data), formats=[expected])
+        except Image.DecompressionBombError:
+            raise _too_many_pixels(param, None, limits) from None
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+            raise unprocessable(f"'{param}' is not a readable {image.media_type} image{_what_it_is(image.data)}",
+                                param=param) from None
+        width, height = opened.size
+        if width * height > limits.max_image_pixels:
+            raise _too_many_pixels(param, (width, height), limits)
+        if width < 1 or height < 1 or max(width, height) / min(width, height) > limits.max_aspect_ratio:
+            raise unprocessable(f"'{param}' is {width} x {height} pixels; the longer side may be at most "
+                                f"max_aspect_ratio={limits.max_aspect_ratio:g} times the shorter", param=param)
+        try:
+            opened.seek(0)  # an animation's first frame
+            opened.load()
+            return opened.convert("RGB")
+        except Image.DecompressionBombError:
+            raise _too_many_pixels(param, (width, height), limits) from None
+        except (OSError, ValueError, SyntaxError, EOFError) as err:
+            raise unprocessable(f"'{param}' is a truncated or corrupt {image.media_type} image "
+                                f"({short(str(err))})", param=param) from None
+
+
+def _too_many_pixels(param: str, size: tuple[int, int] | None, limits: ImageLimits) -> RequestError:
+    stated = f"{size[0]} x {size[1]} = {size[0] * size[1]} pixels" if size else "more pixels than Pillow decodes"
+    return too_large(f"'{param}' is {stated}; the limit is max_image_pixels={limits.max_image_pixels}", param=param)
+
+
+def _what_it_is(data: bytes) -> str:
+    """What the bytes are where they are another image format, for the error: ', the bytes are a PNG'."""
+    try:
+        with Image.open(io.BytesIO(data), formats=list(MEDIA_TYPES.values())) as other:
+            return f"; the bytes are a {other.format} image (send it as {_media_type(other.format)})"
+    except Exception:  # not an image Pillow knows at all
+        return ""
+
+
+def _media_type(image_format: str) -> str:
+    return next(media for media, name in MEDIA_TYPES.items() if name == image_format)
