@@ -16,6 +16,11 @@ saying what the bytes are); truncated files refused (Pillow's LOAD_TRUNCATED_IMA
 so a cut file is an error, not an image filled with grey); an animation's first frame; RGB out,
 as the image processors of CLIP, SigLIP and ColPali take it.
 
+Preparation (ImagePreparation): the model folder's own image processor, the one
+sentence-transformers and transformers run on the same images (resize, crop, rescale, normalize),
+into pixel values; a prepared image costs a pass the positions its vision tower computes, a patch
+each.
+
 Every failure is the item's own RequestError: the batch's other requests go on, and nothing an
 image holds can fail the worker.
 """
@@ -25,10 +30,13 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import json
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
+import torch
 from PIL import Image, UnidentifiedImageError
 
 from embedserve.handler.api.codec import json_type, short
@@ -144,3 +152,21 @@ def _what_it_is(data: bytes) -> str:
 
 def _media_type(image_format: str) -> str:
     return next(media for media, name in MEDIA_TYPES.items() if name == image_format)
+
+
+class ImagePreparation:
+    """Decoded images into a vision tower's pixel values, by the model folder's own image processor."""
+
+    def __init__(self, model_dir: str | Path):
+        from transformers import AutoImageProcessor  # the image models' dependency only
+
+        self.processor = AutoImageProcessor.from_pretrained(model_dir)
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        vision = config.get("vision_config") or config
+        # What an image costs the planner: the positions the tower computes, a patch each (CLIP
+        # adds its class token, SigLIP none: the patches are the cost that grows).
+        self.positions = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
+
+    def pixel_values(self, images: Sequence[Image.Image]) -> torch.Tensor:
+        """(images, channels, height, width) float32, in order."""
+        return self.processor(images=list(images), return_tensors="pt")["pixel_values"]

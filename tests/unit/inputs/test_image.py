@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -15,23 +13,9 @@ from PIL import Image
 
 from embedserve.handler.api.errors import RequestError
 from embedserve.handler.inputs.image import ImageLimits, check_count, decode_image, read_image
+from tests.support.images import data_uri, image_file, photo, png_of_zeros
 
 LIMITS = ImageLimits()
-
-
-def data_uri(data: bytes, media_type: str = "image/png") -> str:
-    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
-
-
-def image_file(image: Image.Image, file_format: str, **save) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=file_format, **save)
-    return buffer.getvalue()
-
-
-def photo(width: int = 64, height: int = 48) -> Image.Image:
-    rng = np.random.default_rng(0)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
 
 
 def decoded(value: str, limits: ImageLimits = LIMITS) -> Image.Image:
@@ -43,18 +27,6 @@ def refusal(value, limits: ImageLimits = LIMITS) -> RequestError:
         decoded(value, limits)
     assert caught.value.param == "input[0]" and "'input[0]'" in caught.value.message
     return caught.value
-
-
-def png_of_zeros(width: int, height: int, rows: int | None = None) -> bytes:
-    """A 1-bit greyscale PNG, written chunk by chunk: `rows` of its rows' data (all by default)."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    row = b"\x00" * (1 + -(-width // 8))  # filter byte, then the row's bits
-    compressor = zlib.compressobj(9)
-    data = b"".join(compressor.compress(row) for _ in range(height if rows is None else rows)) + compressor.flush()
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
-            + chunk(b"IDAT", data) + chunk(b"IEND", b""))
 
 
 @pytest.mark.parametrize("file_format, media_type", [("PNG", "image/png"), ("JPEG", "image/jpeg"),
