@@ -95,6 +95,11 @@ def check_architecture(config: dict[str, Any]) -> None:
     if config.get("is_encoder_decoder"):
         raise ModelFilesError(f"'{model_type}' is an encoder-decoder model (T5-style); only encoder and "
                               "decoder-only embedding models are supported")
+    if "vision_config" in config:  # CLIP, SigLIP, ColPali: a vision tower beside the text model
+        architecture = (config.get("architectures") or [model_type])[0]
+        raise ModelFilesError(f"'{model_type}' ({architecture}) is an image-text model (its config has a "
+                              "vision_config); image models are not served yet, and neither is their text tower "
+                              "alone; see docs/models.md")
     from transformers import CONFIG_MAPPING
 
     if any(key.startswith(("AutoModel", "AutoConfig")) for key in config.get("auto_map") or {}):

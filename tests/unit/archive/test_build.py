@@ -186,6 +186,21 @@ def test_qwen3_reranker_as_published_is_refused_not_served_as_an_embedder(tmp_pa
     assert describe_model(folder).served_with("last_token").pooling.modes == ("last_token",)
 
 
+def test_an_image_text_model_is_refused_as_one(tmp_path, config, capsys):
+    """A CLIP folder, as transformers saves it and as sentence-transformers re-saves it (one
+    multimodal Transformer module): refused for what it is, not for a missing hidden_size."""
+    from sentence_transformers import SentenceTransformer
+    from tests.support.image_models import make_clip
+
+    plain = make_clip(tmp_path / "clip")
+    resaved = tmp_path / "clip-st"
+    SentenceTransformer(str(plain), device="cpu").save(str(resaved))
+    for folder in (plain, resaved):
+        assert run_build(config, "--model", str(folder)) == 1
+        err = capsys.readouterr().err
+        assert "'clip' (CLIPModel) is an image-text model" in err and "not served yet" in err, err
+
+
 def test_folder_that_is_not_a_model_is_refused(tmp_path, config, capsys):
     (tmp_path / "empty").mkdir()
     assert run_build(config, "--model", str(tmp_path / "empty")) == 1
