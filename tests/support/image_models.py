@@ -1,24 +1,29 @@
-"""Tiny random image-text models made offline, for the image kind's tests: a CLIP of the published
-shape (two towers, projections to a shared space) with the tiny WordPiece vocabulary of
-tests/support/tiny_model.py, and openai/clip-vit-base-patch32's image processor settings (its
-published preprocessor_config.json: shortest edge 224, bicubic, centre crop 224, CLIP's mean and
-std)."""
+"""Tiny random image-text models made offline, for the image kind's tests.
+
+A CLIP from openai/clip-vit-base-patch32's published files (tests/fixtures/published/
+clip-vit-base-patch32/, sources in its SOURCES.json): its `config.json` with the towers shrunk
+(hidden 32, 2 layers, a 16-wide shared space, the tiny vocabulary) and every other value as
+published (quick_gelu, 77 text positions, 224-pixel images in 32-pixel patches, eos_token_id 2,
+which makes the text tower pool at the highest token id, as the published model does), and its
+`preprocessor_config.json` unchanged. Its tokenizer files were not found: the tiny WordPiece
+vocabulary of tests/support/tiny_model.py stands in.
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import torch
-from transformers import BertTokenizerFast, CLIPConfig, CLIPImageProcessor, CLIPModel
+from transformers import BertTokenizerFast, CLIPConfig, CLIPModel
 
+from tests.support import REPO
 from tests.support.tiny_model import _vocab
 
-CLIP_PREPROCESSOR = {
-    "crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
-    "feature_extractor_type": "CLIPFeatureExtractor",
-    "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "resample": 3, "size": 224,
-}
+CLIP_PUBLISHED = REPO / "tests" / "fixtures" / "published" / "clip-vit-base-patch32"
+TINY_TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "projection_dim": 16}
 
 
 def make_clip(path: Path, seed: int = 0) -> Path:
@@ -27,13 +32,15 @@ def make_clip(path: Path, seed: int = 0) -> Path:
     get_image_features, both into one 16-wide space."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
-    BertTokenizerFast.from_pretrained(path, model_max_length=64).save_pretrained(path)
+    BertTokenizerFast.from_pretrained(path, model_max_length=77).save_pretrained(path)
+    config = json.loads((CLIP_PUBLISHED / "config.json").read_text())
+    config["projection_dim"] = TINY_TOWER["projection_dim"]
+    config["text_config"].update(TINY_TOWER, vocab_size=len(_vocab()))
+    config["vision_config"].update(TINY_TOWER)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     torch.manual_seed(seed)
-    tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
-    # The text tower pools at its end-of-text token: the tokenizer's [SEP] (id 3).
-    config = CLIPConfig(text_config=dict(tower, vocab_size=len(_vocab()), max_position_embeddings=64, pad_token_id=0,
-                                         bos_token_id=2, eos_token_id=3),
-                        vision_config=dict(tower, image_size=224, patch_size=32), projection_dim=16)
-    CLIPModel(config).eval().save_pretrained(path)
-    CLIPImageProcessor(**CLIP_PREPROCESSOR).save_pretrained(path)
+    model = CLIPModel(CLIPConfig.from_pretrained(path)).eval()
+    model.save_pretrained(path)
+    (path / "config.json").write_text(json.dumps(config, indent=2))  # as published, not as re-saved
+    shutil.copy(CLIP_PUBLISHED / "preprocessor_config.json", path / "preprocessor_config.json")
     return path

@@ -5,6 +5,7 @@ reference feeds it."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from PIL import Image
 
 from embedserve.handler.inputs.image import ImageLimits, ImagePreparation, decode_image, read_image
-from tests.support.image_models import make_clip
+from tests.support.image_models import CLIP_PUBLISHED, TINY_TOWER, make_clip
 from tests.support.images import data_uri, image_file, photo
 
 
@@ -44,3 +45,14 @@ def test_data_uris_give_the_vectors_sentence_transformers_gives_their_images(cli
     theirs = reference.encode([Image.open(io.BytesIO(data)) for data in files])
     cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
     assert cosine.min() >= 0.99999, cosine
+
+
+def test_the_tiny_clip_keeps_every_published_value_but_its_size(clip_dir):
+    published, made = (json.loads((folder / "config.json").read_text()) for folder in (CLIP_PUBLISHED, clip_dir))
+    sized = {*TINY_TOWER, "vocab_size"}
+    for tower in ("text_config", "vision_config"):
+        assert {k: v for k, v in made[tower].items() if k not in sized} == \
+            {k: v for k, v in published[tower].items() if k not in sized}
+    assert {k: v for k, v in made.items() if k not in ("text_config", "vision_config", "projection_dim")} == \
+        {k: v for k, v in published.items() if k not in ("text_config", "vision_config", "projection_dim")}
+    assert (clip_dir / "preprocessor_config.json").read_bytes() == (CLIP_PUBLISHED / "preprocessor_config.json").read_bytes()
