@@ -95,8 +95,9 @@ INTEGRATION = Path(__file__).parent / "integration"
 # workers run each group on one worker, which starts that server once (every other module is a
 # unit of its own). A module that uses one and is not listed fails the collection.
 SHARED_SERVER_MODULES = {
-    "catalog": ("tests/integration/test_hybrid_served.py", "tests/integration/test_multi_vector_served.py",
-                "tests/integration/test_openapi_outputs.py", "tests/integration/test_sparse_served.py"),
+    "catalog": ("tests/integration/test_hybrid_served.py", "tests/integration/test_images_served.py",
+                "tests/integration/test_multi_vector_served.py", "tests/integration/test_openapi_outputs.py",
+                "tests/integration/test_sparse_served.py"),
     "server": ("tests/integration/test_batch_served.py", "tests/integration/test_bench.py",
                "tests/integration/test_docs_page.py", "tests/integration/test_fuzz.py",
                "tests/integration/test_image.py",  # asks for it by getfixturevalue, which the check cannot see

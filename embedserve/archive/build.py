@@ -154,12 +154,16 @@ def make_archive(args: argparse.Namespace) -> Archive:
         dimension = description.dimension
         scoring = description.scoring
         sparse = description.sparse
-        if (scoring or sparse) and args.dtype == "int8":
+        if (scoring or sparse or description.towers) and args.dtype == "int8":
             raise BuildError(f"--dtype int8 is calibrated on embeddings; this model is a {description.task} model")
         if sparse:  # its pooling reads the masked-language head, which an export of the encoder leaves out
             print(f"a sparse model ({sparse.name}, {sparse.vocabulary} vocabulary entries): the torch engine, no "
                   "ONNX export; bfloat16 CPU engines: not checked for sparse models, CPU workers serve float32",
                   file=sys.stderr)
+        elif description.towers:  # its text and vision towers run in torch (model/towers.py)
+            print(f"an image-text model ({description.towers.architecture}: texts and images into one "
+                  f"{dimension}-wide space): the torch engine, no ONNX export; bfloat16 CPU engines: not checked for "
+                  "image-text models, CPU workers serve float32", file=sys.stderr)
         elif serves_onnx(config["handler"]):
             # A causal reranker exports its transformer's states, as an embedding model: its score is a head after.
             outcome = export_onnx(stage / "model", description.usable_positions,
@@ -180,7 +184,7 @@ def make_archive(args: argparse.Namespace) -> Archive:
                 "a multi-vector model (ColBERT: a vector per token, MaxSim)"
             print(f"{kind}; bfloat16 CPU engines: not checked for {description.task} models, CPU workers serve float32",
                   file=sys.stderr)
-        elif not sparse:  # a sparse model said why above
+        elif not (sparse or description.towers):  # these said why above
             check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
             from embedserve.archive.int8_calibration import calibrate, calibrate_onnx

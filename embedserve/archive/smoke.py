@@ -87,6 +87,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
         return lines + [_compare(engine, model_dir, int8=False), _compare_m3(engine, model_dir)]
     if engine.task is not Task.EMBED:
         return lines + [_compare_scores(engine, model_dir)]
+    if engine.text.images is not None:
+        return lines + [_compare(engine, model_dir, int8=False), _compare_images(engine, model_dir)]
     return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
 
 
@@ -296,6 +298,32 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
         raise SmokeError(f"the served vectors differ from sentence-transformers' (min cosine {worst:.6f} < "
                          f"{MIN_COSINE}); refusing to build a model that would be served wrong")
     return line
+
+
+def _compare_images(engine, model_dir: Path) -> str:
+    """An image-text model's image vectors, served from PNG data URIs, against sentence-transformers'
+    `encode` of the same images."""
+    import base64
+    import io
+
+    from PIL import Image
+    from sentence_transformers import SentenceTransformer
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+              for width, height in ((320, 240), (64, 96), (500, 500))]
+    uris = []
+    for image in images:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        uris.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    want = SentenceTransformer(str(model_dir), **_reference_options()).encode(images, convert_to_numpy=True)
+    got = _served(engine, {"input": uris, "modality": "image"})
+    worst = float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
+    if not worst >= MIN_COSINE:
+        raise SmokeError(f"the served image vectors differ from sentence-transformers' (min cosine {worst:.6f} < "
+                         f"{MIN_COSINE}); refusing to build a model that would be served wrong")
+    return f"sentence-transformers, images: min cosine {worst:.6f} over {len(images)} images"
 
 
 def _served(engine, body: dict[str, Any]) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Copy a Hugging Face model folder into a staging folder with safetensors weights only.
 
-What is copied: config.json, tokenizer files and the chat template, sentence-transformers
+What is copied: config.json, tokenizer files, the chat template and an image processor's config, sentence-transformers
 description files, the weights, each pipeline module's folder (its config.json and weights: a
 Dense or LayerNorm module has its own), and bge-m3's sparse and ColBERT heads. Pickled weights (`pytorch_model.bin`) are converted to safetensors with
 `torch.load(weights_only=True)`, which refuses arbitrary objects; a checkpoint that needs
@@ -25,6 +25,8 @@ TOKENIZER_FILES = (
     "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
     # a causal reranker's pairs are rendered by its chat template (transformers 5 saves it apart)
     "chat_template.jinja", "chat_template.json",
+    # an image-text model's image processor (embedserve/handler/inputs/image.py prepares images by it)
+    "preprocessor_config.json", "processor_config.json",
 )
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 

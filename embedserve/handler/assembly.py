@@ -25,6 +25,7 @@ from embedserve.handler.execution.calibration import Speed
 from embedserve.handler.execution.encoder import DenseRows, Encoder, HybridRows, SparseRows, TokenRows, finite_rows
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
+from embedserve.handler.inputs.image import ImagePreparation, ImageReader
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer
 from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.model.files import describe_model, resolve_max_length
@@ -121,6 +122,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         sparse=model.sparse,
         m3=model.m3,
         multi_vector=model.multi_vector is not None,
+        towers=model.towers,
     )
     # bge-m3's sparse weights leave out the tokenizer's cls, eos, pad and unk tokens, as FlagEmbedding does.
     unused = frozenset(tokenizer.role_ids[role] for role in ("cls", "eos", "pad", "unk") if role in tokenizer.role_ids)
@@ -141,8 +143,9 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
+    images = ImageReader(ImagePreparation(model_dir)) if model.reads_images else None
     text = EmbedTask(checks, prompts=model.prompts, default_prompt=default_prompt,
-                     include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes)
+                     include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes, images=images)
     work: TaskSlice = text
     if model.task is Task.SPARSE:
         query_weights = load_file(str(Path(model_dir) / "query_static" / "model.safetensors"))["weight"].numpy() \
@@ -171,7 +174,7 @@ def _open_encoder(model_dir: str | Path, settings: Settings, placement: Placemen
     lending = CpuLending.join(placement.lend_cpus, placement.cpu_threads) if placement.lend_cpus else None
     return Encoder(selection.backend, cost, selection.placement, dimension=selection.dimension, pooling=parts.pooling,
                    pad_id=parts.pad_id, max_positions=parts.max_positions, lending=lending, reasons=selection.reasons,
-                   rows=rows)
+                   rows=rows, images=selection.images)
 
 
 def warm_up(encoder: Encoder, text: EmbedTask) -> Speed:

@@ -29,6 +29,7 @@ from tests.support.doc_commands import (DOCS, SHELL_PRELUDE, Call, blocks, calls
                                         substitute)
 from tests.support.serving import build, environment
 from tests.support.rerankers import make_reranker
+from tests.support.image_models import make_clip
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
 from tests.support.sparse_models import make_splade
@@ -82,6 +83,7 @@ def served(tmp_path_factory):
     make_splade(model_dir.parent / "splade-folder")  # docs/models.md's sparse model placeholder
     make_m3(model_dir.parent / "bge-m3-folder")  # docs/models.md's hybrid model placeholder
     make_colbert(model_dir.parent / "colbert-folder")  # docs/models.md's multi-vector placeholder
+    make_clip(model_dir.parent / "clip-folder")  # docs/models.md's image-text placeholder
     started = subprocess.run(_serve_line(), shell=True, cwd=root, capture_output=True, text=True, timeout=900)
     served = Served(root, model_dir, started.stdout)
     try:

@@ -1,7 +1,7 @@
 """The new outputs' OpenAPI documents fuzzed against the live server, as tests/integration/
 test_openapi.py fuzzes the embedding and scoring models' (same configuration, every check on but
-the three TorchServe's design fails): a sparse (SPLADE) model, a hybrid (bge-m3) model and a
-multi-vector (ColBERT) model, each its own document and operations. No 5xx, every answer as its
+the three TorchServe's design fails): a sparse (SPLADE) model, a hybrid (bge-m3) model, a
+multi-vector (ColBERT) model and an image-text (CLIP) model, each its own document and operations. No 5xx, every answer as its
 document says, and the same worker at the end."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from tests.integration.test_openapi import _document, _identities, _schema, fuzz
 pytestmark = pytest.mark.integration
 
 OPERATIONS = {"splade": ("", "v1/embeddings", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
-              "colbert": ("", "v1/embeddings", "embed_all", "rerank", "v1/rerank", "v2/rerank")}
+              "colbert": ("", "v1/embeddings", "embed_all", "rerank", "v1/rerank", "v2/rerank"),
+              "clip": ("", "v1/embeddings", "embed")}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3) and multi-vector (ColBERT)
-models, served by one real TorchServe built as a user builds them (the model and its name, one
+"""The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3), multi-vector (ColBERT) and
+image-text (CLIP) models, served by one real TorchServe built as a user builds them (the model and its name, one
 worker each). The served tests of those outputs and their OpenAPI fuzzing share it
 (tests/conftest.py): a server of its own only where a test needs a server-wide property."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.image_models import make_clip
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
 from tests.support.sparse_models import make_inference_free, make_splade
@@ -16,6 +17,7 @@ SPARSE_SHAPES = {"splade": ("bert", "max", "relu"), "splade-xlmr": ("xlmr", "sum
 SPARSE = (*SPARSE_SHAPES, "splade-free")  # and an inference-free model (queries looked up)
 HYBRID = "m3"
 MULTI_VECTOR = "colbert"
+IMAGE_TEXT = "clip"
 
 
 def make_catalog_models(root: Path) -> dict[str, Path]:
@@ -25,6 +27,7 @@ def make_catalog_models(root: Path) -> dict[str, Path]:
     models["splade-free"] = make_inference_free(root / "splade-free")
     models[HYBRID] = make_m3(root / "bge-m3")
     models[MULTI_VECTOR] = make_colbert(root / "colbert")
+    models[IMAGE_TEXT] = make_clip(root / "clip")
     return models
 
 

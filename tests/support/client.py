@@ -79,3 +79,10 @@ def metric_growth(before, after, name, label=""):
     keys = [k for k in after if k[0] == name and label in k[1]]
     assert keys, f"{name} missing from /metrics"
     return sum(after[k] - before.get(k, 0.0) for k in keys)
+
+
+def worker_identities(server, model: str) -> set[tuple]:
+    """(pid, start time) of each of the model's workers: unchanged while no worker died."""
+    [described] = requests.get(f"{server.url('management')}/models/{model}", headers=server.auth("management"),
+                               timeout=30).json()
+    return {(worker["pid"], worker["startTime"]) for worker in described["workers"]}

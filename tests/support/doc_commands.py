@@ -29,6 +29,8 @@ PLACEHOLDER_SPLADE = "/path/to/splade-folder"
 # A hybrid (bge-m3) model's folder, made offline beside the placeholder model.
 PLACEHOLDER_M3 = "/path/to/bge-m3-folder"
 PLACEHOLDER_COLBERT = "/path/to/colbert-folder"
+# An image-text (CLIP) model's folder, made offline beside the placeholder model.
+PLACEHOLDER_CLIP = "/path/to/clip-folder"
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ def substitute(text: str, ports: dict[str, int], model_dir: Path | None = None) 
         text = re.sub(rf"(127\.0\.0\.1|localhost):{documented}\b", rf"\g<1>:{ports[api]}", text)
     if model_dir is not None:
         text = text.replace(PLACEHOLDER_MODEL, str(model_dir))
-        for placeholder in (PLACEHOLDER_RERANKER, PLACEHOLDER_SPLADE, PLACEHOLDER_M3, PLACEHOLDER_COLBERT):
+        for placeholder in (PLACEHOLDER_RERANKER, PLACEHOLDER_SPLADE, PLACEHOLDER_M3, PLACEHOLDER_COLBERT,
+                            PLACEHOLDER_CLIP):
             text = text.replace(placeholder, str(model_dir.parent / placeholder.rsplit("/", 1)[1]))
     return text
 

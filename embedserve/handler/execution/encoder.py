@@ -195,8 +195,12 @@ class Encoder:
 
     def __init__(self, backend: Backend, cost: PassCost, placement: Placement, *, dimension: int, pooling: Pooling,
                  pad_id: int, max_positions: int | None = None, lending: CpuLending | None = None,
-                 reasons: dict[str, Any] | None = None, rows: Callable[..., Any] = DenseRows):
+                 reasons: dict[str, Any] | None = None, rows: Callable[..., Any] = DenseRows,
+                 images: Backend | None = None):
+        """`images`: an image-text model's vision tower (backends/vision.py), which runs the image
+        inputs while `backend` runs the texts; both write rows of the same space."""
         self.backend = backend
+        self.images = images
         self.cost = cost
         self.placement = placement
         self.dimension = dimension
@@ -214,7 +218,7 @@ class Encoder:
         its placement, lending and prices unless others are given."""
         return Encoder(backend, cost or self.cost, placement or self.placement, dimension=self.dimension,
                        pooling=self.pooling, pad_id=self.pad_id, max_positions=self.max_positions,
-                       lending=lending or self.lending, reasons=self.reasons, rows=self.rows)
+                       lending=lending or self.lending, reasons=self.reasons, rows=self.rows, images=self.images)
 
     @property
     def pass_overhead_tokens(self) -> int:
@@ -232,19 +236,19 @@ class Encoder:
     def embed(self, inputs: Sequence[ModelInput]) -> Embedded:
         """Model inputs (model/inputs.py) -> (items, dimension) float32 pooled vectors on the CPU,
         in input order (a scoring model's logits; a sparse model's non-zero entries)."""
-        lengths = [len(item) for item in inputs]
         device = self.backend.device
         out = self.rows(len(inputs), self.dimension, device)
-        pending = self.backend.plan(lengths, self.cost)
+        pending = [(backend, [items[i] for i in part]) for backend, items in self._by_backend(inputs)
+                   for part in backend.plan([len(inputs[i]) for i in items], self.cost)]
         padded = passes = threads = 0
         too_large: set[int] = set()
         with torch.inference_mode(), self.lending.batch() if self.lending else nullcontext():
             while pending:
-                indices = pending.pop(0)
-                prepared = self.backend.prepare([inputs[i] for i in indices])
+                backend, indices = pending.pop(0)
+                prepared = backend.prepare([inputs[i] for i in indices])
                 try:
-                    with self._cpus_for_pass(prepared.ids) as pass_threads:
-                        out.put(indices, self.backend.run(prepared))
+                    with self._cpus_for_pass(backend.computed_tokens(prepared)) as pass_threads:
+                        out.put(indices, backend.run(prepared))
                     threads = max(threads, pass_threads)
                 except Exception as err:
                     if not is_out_of_memory(err):
@@ -257,12 +261,20 @@ class Encoder:
                         half = len(indices) // 2
                         log.warning("forward pass of %d inputs ran out of memory; retrying as %d + %d",
                                     len(indices), half, len(indices) - half)
-                        pending[:0] = [indices[:half], indices[half:]]
+                        pending[:0] = [(backend, indices[:half]), (backend, indices[half:])]
                     continue
-                padded += self.backend.computed_tokens(prepared)
+                padded += backend.computed_tokens(prepared)
                 passes += 1
         return Embedded(out.result(), real_tokens=distinct_tokens(inputs), padded_tokens=padded, passes=passes,
                         too_large=frozenset(too_large), cpu_threads=threads)
+
+    def _by_backend(self, inputs: Sequence[ModelInput]) -> list[tuple[Backend, list[int]]]:
+        """The items each backend runs: images on the vision tower's, the rest on the main one."""
+        if self.images is None:
+            return [(self.backend, list(range(len(inputs))))]
+        images = [i for i, item in enumerate(inputs) if item.image is not None]
+        texts = [i for i, item in enumerate(inputs) if item.image is None]
+        return [(backend, items) for backend, items in ((self.backend, texts), (self.images, images)) if items]
 
     def measure_speed(self) -> Speed:
         """Time this worker's passes (embedserve/handler/execution/calibration.py) and keep the prices the encoder
@@ -284,11 +296,11 @@ class Encoder:
             raise_classified(err)
 
     @contextmanager
-    def _cpus_for_pass(self, ids: torch.Tensor) -> Iterator[int]:
-        """Run one pass on this worker's CPUs, plus idle ones unless the pass is long or too
-        short to gain from them: one more for each lend_min_tokens of the pass, as many as the
-        backend's runtime can use. Yields the pass's CPU threads (0 on a GPU)."""
-        own, tokens = self.placement.cpu_threads, ids.numel()
+    def _cpus_for_pass(self, tokens: int) -> Iterator[int]:
+        """Run one pass of `tokens` computed tokens on this worker's CPUs, plus idle ones unless
+        the pass is long or too short to gain from them: one more for each lend_min_tokens of the
+        pass, as many as the backend's runtime can use. Yields the pass's CPU threads (0 on a GPU)."""
+        own = self.placement.cpu_threads
         if self.lending is None or not self.lend_min_tokens <= tokens <= LEND_MAX_TOKENS:
             yield own
             return

@@ -36,10 +36,11 @@ from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, op
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_ladder
 from embedserve.handler.backends.padded import PaddedBackend
+from embedserve.handler.backends.vision import VisionBackend
 from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
     time_candidates, trial_key
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling
+from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling, Towers
 from embedserve.handler.model.head import load_head, logit_score_head
 from embedserve.handler.model.m3 import M3Pooler, load_m3_heads
 from embedserve.handler.model.multi_vector import MultiVectorPooler
@@ -47,6 +48,7 @@ from embedserve.handler.model.sparse import SpladePooler, masked_lm_parts
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model
 from embedserve.handler.model.packed_forward import VARLEN_FLASH, PackedTransformer, packed_support
+from embedserve.handler.model.towers import ImageTower, TextTower
 from embedserve.handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class ModelParts:
     sparse: SparsePooling | None = None  # a SPLADE model's pooling of its vocabulary logits
     m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
     multi_vector: bool = False  # a vector per token (ColBERT): the head runs on every token
+    towers: Towers | None = None  # an image-text model: texts and images through their own towers
 
 
 @dataclass
@@ -79,10 +82,13 @@ class Selection:
     placement: Placement  # the worker's, in the dtype the backend runs
     # engine, dtype, layout, cuda_graphs: why, for /info; "speeds": the engine trial's timings
     reasons: dict[str, Any] = field(default_factory=dict)
+    images: Backend | None = None  # an image-text model's vision tower, beside `backend`'s text tower
 
 
 def select_backend(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
     model_dir = Path(model_dir)
+    if parts.towers:
+        return _towers(model_dir, settings, placement, parts.towers, parts.pad_id)
     engine, engine_reason = choose_engine(settings, placement, model_dir)
     default = Candidate(engine, placement.dtype)
     challengers, dtype_reason = bf16_challengers(settings, placement)
@@ -201,6 +207,26 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
             with torch.inference_mode():
                 backend, reasons["cuda_graphs"] = with_graphs(backend, torch_transformer.model, placement, parts)
     return Selection(backend, dimension, placement, reasons)
+
+
+def _towers(model_dir: Path, settings: Settings, placement: Placement, towers: Towers, pad_id: int) -> Selection:
+    """An image-text model's two towers over one torch model: texts in padded passes, images
+    stacked. The other engines, layouts and CUDA graphs take text encoders only: asked for, they
+    are a settings error; by default, torch in the placement's dtype (float32 on a CPU)."""
+    if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
+        raise ValueError(f"{towers.architecture} runs on the torch engine, padded, without int8 or compile: "
+                         "handler settings 'engine', 'dtype' int8, 'packed' and 'compile' apply to text encoders")
+    placement = replace(placement, cuda_graphs=False, packed=False)
+    model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
+    text = TextTower(model)
+    backend = PaddedBackend(text, modes=(), head=None, pad_id=pad_id, pad_multiple=placement.pad_multiple,
+                            device=placement.device, facts={"engine": "torch", "attention": text.attention})
+    images = VisionBackend(ImageTower(model), dtype=placement.dtype, device=placement.device)
+    reasons = {"engine": f"torch: {towers.architecture}'s towers run in torch", "dtype": "the placement's",
+               "layout": "padded texts; images stacked at one size", "cuda_graphs": "none: image-text towers run "
+               "eagerly"}
+    log.info("backend: %s in %s, images on its vision tower", backend.describe(), _name(placement.dtype))
+    return Selection(backend, towers.dimension, placement, reasons, images=images)
 
 
 def choose_engine(settings: Settings, placement: Placement, model_dir: Path | None) -> tuple[str, str]:

@@ -4,7 +4,8 @@ Reading: an item is a data URI, `data:<media type>[;...];base64,<data>`, of a me
 MEDIA_TYPES. A URL is refused: the server fetches nothing a request names, so that it is never
 a way into the network it sits in.
 
-Limits (ImageLimits), each refused with the item and the limit named, before the work it bounds:
+Limits (ImageLimits, checked where the model is known: reading an item checks its form only),
+each refused with the item and the limit named, before the work it bounds:
 - bytes an image, from the data URI's length, before its base64 is decoded (413);
 - pixels an image, from the file's header, before a pixel is decoded: a decompression bomb (a
   few kilobytes of PNG that claim 10,000 x 10,000 pixels) is refused at its header (413);
@@ -41,6 +42,7 @@ from PIL import Image, UnidentifiedImageError
 
 from embedserve.handler.api.codec import json_type, short
 from embedserve.handler.api.errors import RequestError, empty, malformed, too_large, unprocessable
+from embedserve.handler.model.inputs import ModelInput
 
 # The media types an image item may have, and the Pillow format each must decode as.
 MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF",
@@ -60,13 +62,13 @@ class ImageLimits:
 
 @dataclass(frozen=True)
 class EncodedImage:
-    """An image item as sent: its media type and its file's bytes."""
+    """An image item as sent: its media type and its base64 text (decoded under the limits)."""
     media_type: str
-    data: bytes
+    base64: str
 
 
-def read_image(value: Any, param: str, limits: ImageLimits) -> EncodedImage:
-    """An image item: a data URI of an image media type, its bytes within the limit."""
+def read_image(value: Any, param: str) -> EncodedImage:
+    """An image item: a data URI of an image media type, base64-encoded."""
     if not isinstance(value, str):
         raise malformed(f"'{param}' must be an image as a data URI string (data:image/png;base64,...), got "
                         f"{json_type(value)}", param=param)
@@ -77,25 +79,31 @@ def read_image(value: Any, param: str, limits: ImageLimits) -> EncodedImage:
     if not header.lower().startswith("data:") or not comma:
         raise malformed(f"'{param}' must be a data URI (data:image/png;base64,...), got {short(value[:64])}",
                         param=param)
-    parameters = [part.strip().lower() for part in header[5:].split(";")]
+    parameters = [part.lower() for part in header[5:].split(";")]
     media_type = parameters[0]
     if media_type not in MEDIA_TYPES:
         raise unprocessable(f"'{param}' is a data URI of {short(media_type or 'no media type')}; an image item is "
                             f"one of {', '.join(MEDIA_TYPES)}", param=param)
-    if parameters[-1] != "base64":
+    if len(parameters) < 2 or parameters[-1] != "base64":
         raise malformed(f"'{param}' must be base64-encoded (data:{media_type};base64,...)", param=param)
-    # The decoded size, from the encoded length, before decoding: 3 bytes per 4 characters.
-    encoded_bytes = len(payload) * 3 // 4
+    if not payload:
+        raise empty(f"'{param}' holds no image bytes", param=param)
+    return EncodedImage(media_type, payload)
+
+
+def image_bytes(image: EncodedImage, param: str, limits: ImageLimits) -> bytes:
+    """The image's file, its size checked from the base64 text's length before decoding it."""
+    encoded_bytes = len(image.base64) * 3 // 4  # 3 bytes per 4 characters
     if encoded_bytes > limits.max_image_bytes:
         raise too_large(f"'{param}' holds about {encoded_bytes} bytes of image; the limit is "
                         f"max_image_bytes={limits.max_image_bytes}", param=param)
     try:
-        data = base64.b64decode(payload, validate=True)
+        data = base64.b64decode(image.base64, validate=True)
     except (binascii.Error, ValueError):
         raise malformed(f"'{param}' is not valid base64 after 'base64,'", param=param) from None
     if not data:
         raise empty(f"'{param}' holds no image bytes", param=param)
-    return EncodedImage(media_type, data)
+    return data
 
 
 def check_count(images: int, field: str, limits: ImageLimits) -> None:
@@ -109,15 +117,16 @@ def decode_image(image: EncodedImage, param: str, limits: ImageLimits) -> Image.
     at a time: a decoded image takes width x height x 3 bytes (120 MB at the pixel limit), its
     prepared pixel values a vision tower's input (224 x 224 x 3 floats for CLIP)."""
     expected = MEDIA_TYPES[image.media_type]
+    data = image_bytes(image, param, limits)
     with warnings.catch_warnings():
         # Pillow warns past its own threshold; the pixel limit below refuses such images first.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            opened = Image.open(io.BytesIO(image.data), formats=[expected])
+            opened = Image.open(io.BytesIO(data), formats=[expected])
         except Image.DecompressionBombError:
             raise _too_many_pixels(param, None, limits) from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-            raise unprocessable(f"'{param}' is not a readable {image.media_type} image{_what_it_is(image.data)}",
+            raise unprocessable(f"'{param}' is not a readable {image.media_type} image{_what_it_is(data)}",
                                 param=param) from None
         width, height = opened.size
         if width * height > limits.max_image_pixels:
@@ -170,3 +179,16 @@ class ImagePreparation:
     def pixel_values(self, images: Sequence[Image.Image]) -> torch.Tensor:
         """(images, channels, height, width) float32, in order."""
         return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
+
+
+class ImageReader:
+    """The image kind of a model that reads images: an item's limits, decoding and preparation
+    into its model input, one image at a time."""
+
+    def __init__(self, preparation: ImagePreparation, limits: ImageLimits | None = None):
+        self.preparation = preparation
+        self.limits = limits or ImageLimits()
+
+    def model_input(self, image: EncodedImage, param: str) -> ModelInput:
+        pixels = self.preparation.pixel_values([decode_image(image, param, self.limits)])[0]
+        return ModelInput((), image=pixels, positions=self.preparation.positions)

@@ -185,6 +185,19 @@ class MultiVector:
 
 
 @dataclass(frozen=True)
+class Towers:
+    """An image-text dual encoder (CLIP; model/towers.py): a text and a vision tower projecting into one space."""
+    architecture: str  # CLIPModel
+    dimension: int  # the shared space's width (projection_dim)
+    text_positions: int  # the text tower's position table
+    image_positions: int  # the patches the vision tower computes an image
+
+    @property
+    def modules(self) -> list[str]:
+        return ["TextTower(end-of-text token, text_projection)", "ImageTower(class token, visual_projection)"]
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
     hidden_size: int  # the transformer's output width
@@ -202,6 +215,11 @@ class ModelDescription:
     # A causal language model's architecture (Qwen3ForCausalLM, ...) where no Pooling module says
     # how to pool it: the mean the folder would get is no vector its makers meant (below).
     unpooled_decoder: str | None = None
+    towers: Towers | None = None  # an image-text model's two towers; None for a text model
+
+    @property
+    def reads_images(self) -> bool:
+        return self.towers is not None
 
     @property
     def task(self) -> Task:
@@ -220,6 +238,11 @@ class ModelDescription:
         over every token (named as its pooling, for /info)."""
         if self.scoring and self.scoring.logit_score:
             return self
+        if self.towers:  # each tower pools its own way (model/towers.py)
+            if pooling_setting != "auto":
+                raise ModelFilesError(f"pooling '{pooling_setting}' does not apply to {self.towers.architecture}: "
+                                      "each of its towers pools its own way")
+            return replace(self, pooling=Pooling(("the towers' own",)))
         if self.sparse:
             return replace(self, pooling=Pooling((self.sparse.name,)))
         if self.multi_vector:  # every token is an output: nothing to pool
@@ -248,6 +271,8 @@ class ModelDescription:
             return len(self.scoring.labels)
         if self.sparse:
             return self.sparse.vocabulary
+        if self.towers:
+            return self.towers.dimension
         widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
         return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
 
@@ -261,6 +286,8 @@ class ModelDescription:
                     f"LogitScore(logit[{score.true_token_id}]{versus})", self.scoring.activation]
         if self.scoring:
             return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
+        if self.towers:
+            return self.towers.modules
         if self.sparse:
             query = ["SparseStaticEmbedding(queries)"] if self.sparse.static_query else []
             return [*query, "Transformer(masked LM)", self.sparse.name]

@@ -34,6 +34,7 @@ from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES
                                                   Pooling, QueryExpansion, Scoring, SparsePooling, TokenPooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 from embedserve.handler.model.pylate import is_pylate, prefixed_prompts, read_pylate
+from embedserve.handler.model.towers import read_towers
 
 # How a causal language model's checkpoint names its architecture (config.json's `architectures`).
 DECODER_HEADS = ("ForCausalLM", "LMHeadModel")
@@ -54,6 +55,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelFilesError(f"{model_dir} has no config.json: not a Hugging Face model folder")
     config = _read_json(model_dir / "config.json")
     check_architecture(config)
+    if "vision_config" in config:  # CLIP, SigLIP, ColPali: a vision tower beside the text model
+        return _describe_towers(model_dir, config)
     if not isinstance(config.get("hidden_size"), int):
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
     scoring = _read_scoring(model_dir, config)
@@ -89,17 +92,26 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     )
 
 
+def _describe_towers(model_dir: Path, config: dict[str, Any]) -> ModelDescription:
+    """An image-text dual encoder (model/towers.py): texts through its text tower, images through
+    its vision tower, each pooled its own way."""
+    towers = read_towers(model_dir, config)
+    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
+        model_dir / "sentence_bert_config.json").is_file() else {}
+    prompts, default_prompt_name = _read_prompts(model_dir)
+    return ModelDescription(
+        model_type=str(config.get("model_type", "")), hidden_size=towers.dimension, pooling=None,
+        max_seq_length=int(transformer["max_seq_length"]) if transformer.get("max_seq_length") else None,
+        usable_positions=towers.text_positions, prompts=prompts, default_prompt_name=default_prompt_name,
+        towers=towers)
+
+
 def check_architecture(config: dict[str, Any]) -> None:
     """Refuse what AutoModel cannot run as a plain encoder from the model's own weights."""
     model_type = config.get("model_type", "?")
     if config.get("is_encoder_decoder"):
         raise ModelFilesError(f"'{model_type}' is an encoder-decoder model (T5-style); only encoder and "
                               "decoder-only embedding models are supported")
-    if "vision_config" in config:  # CLIP, SigLIP, ColPali: a vision tower beside the text model
-        architecture = (config.get("architectures") or [model_type])[0]
-        raise ModelFilesError(f"'{model_type}' ({architecture}) is an image-text model (its config has a "
-                              "vision_config); image models are not served yet, and neither is their text tower "
-                              "alone; see docs/models.md")
     from transformers import CONFIG_MAPPING
 
     if any(key.startswith(("AutoModel", "AutoConfig")) for key in config.get("auto_map") or {}):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 
 class TokenRole(IntEnum):
@@ -35,9 +35,14 @@ class ModelInput:
     # Where pooling stops (late chunking pools one span, `unpooled` up to here, of an input every
     # token of which is attended to); 0: the input's end.
     pooled_end: int = 0
+    # An image's pixel values (channels, height, width) for an image-text model's vision tower
+    # (inputs/image.py), `ids` then empty; `positions`: the patches the tower computes, its length.
+    image: Any = None
+    positions: int = 0
 
     def __len__(self) -> int:
-        return len(self.ids)
+        """The positions the model computes for this input: what the planner prices a pass by."""
+        return len(self.ids) if self.image is None else self.positions
 
 
 def plain_inputs(token_ids: Iterable[Sequence[int]]) -> list[ModelInput]:

@@ -19,7 +19,8 @@ from embedserve.handler.api.route import Route
 from embedserve.handler.api.server import PLAIN, ServerProfile
 from embedserve.handler.model.description import Task
 from embedserve.handler.settings import Settings
-from embedserve.handler.tasks.embed import CASE_INSENSITIVE, INT_MINIMUMS, OPTION_TYPES, Options
+from embedserve.handler.inputs.image import MEDIA_TYPES, ImageLimits
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, INT_MINIMUMS, MODALITIES, OPTION_TYPES, Options
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -34,6 +35,7 @@ class ServedModel:
     max_tokens_per_request: int  # the setting, or lower where the worker's measured speed asks
     max_chunk_overlap: int = 0  # "chunk_overlap" at most: a window's text room with the longest prompt, less one
     span_pooling: bool = True  # whether its pooling has a vector for a span: late chunking
+    reads_images: bool = False  # an image-text model: "modality": "image" embeds images
     task: Task = Task.EMBED
     labels: tuple[str, ...] = ()  # a scoring model's labels
     instructed: bool = False  # a causal reranker: (query, document) pairs only, an instruction allowed
@@ -83,6 +85,8 @@ OPTION_NOTES = {
     "chunk_size": "with `long_input` late_chunk: tokens of text a span (default 256, or a window's text where less)",
     "chunk_spans": "with `long_input` late_chunk: for each input, its spans as [start, end) character ranges of the "
                    "text (a span is the tokens those characters touch); replaces `chunk_size`",
+    "modality": "what the inputs are: \"text\", or \"image\" (each input an image as a data URI, "
+                "data:image/png;base64,..., for a model that reads images; the server fetches no URL)",
     "model": "accepted and ignored: the URL names the model",
     "user": "accepted and ignored",
 }
@@ -236,6 +240,8 @@ def option_schema(key: str, model: ServedModel) -> dict[str, Any]:
         schema = {"enum": [choices[0], None]}
     elif key == "long_input" and not model.span_pooling:  # CLS or last-token pooling: no vector for a span
         schema = {"enum": [choice for choice in (*choices, None) if choice != "late_chunk"]}
+    if key == "modality" and not model.reads_images:
+        schema = {"enum": [choices[0], None]}
     if key == "prompt_name":  # the default: the `prompt` setting, else the model's default prompt
         schema = {"enum": [*model.prompts, None]}
     schema["description"] = OPTION_NOTES[key] + "; missing or null: the default"
@@ -277,6 +283,7 @@ def common_schemas(model: ServedModel) -> dict[str, Any]:
                                                                                          ref("TokenIds")]}}],
                   "description": "a text, a list of texts, one list of token ids, or a list of such lists"},
         "TEIInputs": {"anyOf": [ref("Text"), {**many_, "items": ref("Text")}]},
+        **(image_schemas(model) if model.reads_images else {}),
         "Vector": {**vector, "description": "JSON numbers, or a base64 string (encoding_format)"},
         "Info": {"type": "object", "required": ["model_id", "embedding_dimension", "max_input_length"],
                  "properties": {
@@ -315,11 +322,41 @@ SPANS_NEED_LATE_CHUNKING = {"if": {"required": ["chunk_spans"], "properties": {"
 
 
 def one_vector_an_input(option: dict[str, Any]) -> dict[str, Any]:
-    """The options of a route that answers a vector per input (TEI's): no late chunking."""
+    """The options of a route that answers a vector per input (TEI's): no late chunking, texts only."""
     long_input = {**option["long_input"], "enum": [value for value in option["long_input"]["enum"]
                                                    if value != "late_chunk"]}
-    return {**option, "long_input": long_input,
+    return {**option, "long_input": long_input, "modality": texts_only(option["modality"]),
             "chunk_spans": {"type": "null", "description": "late chunking's: not on this route"}}
+
+
+def texts_only(modality: dict[str, Any]) -> dict[str, Any]:
+    """`modality` where a route takes texts alone (TEI's routes, /tokenize)."""
+    return {**modality, "enum": [MODALITIES[0], None], "description": "texts only on this route"}
+
+
+def image_schemas(model: ServedModel) -> dict[str, Any]:
+    """An image item (inputs/image.py reads its form; what its bytes hold no schema can say) and
+    the inputs of an image request, for a model that reads images."""
+    limits = ImageLimits()
+    media = "|".join(any_case(media_type) for media_type in MEDIA_TYPES)
+    image = {"type": "string", "pattern": f"^{any_case('data:')}({media})(;[^;,]*)*;{any_case('base64')},.",
+             "description": f"an image as a data URI (data:image/png;base64,...) of {', '.join(MEDIA_TYPES)}, at "
+                            f"most max_image_bytes={limits.max_image_bytes} bytes and max_image_pixels="
+                            f"{limits.max_image_pixels} pixels; the server fetches no URL"}
+    most = min(limits.max_images_per_request, model.settings.max_inputs_per_request)
+    return {"Image": image,
+            "ImageInputs": {"anyOf": [ref("Image"), {**many(model), "maxItems": most, "items": ref("Image")}],
+                            "description": "with \"modality\": \"image\": an image, or a list of images"}}
+
+
+def images_need_data_uris(model: ServedModel) -> dict[str, Any]:
+    """With "modality": "image", the inputs are images and the text options are left out; else texts."""
+    if not model.reads_images:
+        return {}
+    return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}},
+            "then": {"properties": {"input": ref("ImageInputs"), "prompt_name": {"type": "null"},
+                                    "long_input": {"enum": [OPTION_TYPES["long_input"][1][0], None]}}},
+            "else": {"properties": {"input": ref("Input")}}}
 
 
 def quantizing_needs_normalizing(model: ServedModel) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from embedserve.handler.routes.schema import (DESCRIBE_ERRORS, EMBED_ERRORS, EMB
                                               TOKENIZE_ERRORS, TOKENIZE_OPTIONS, ServedModel, error_responses, examples,
                                               many, one_vector_an_input, operation, options,
                                               quantizing_needs_normalizing, ref,
-                                              scoring_option_schemas)
+                                              scoring_option_schemas, texts_only)
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, OPTION_TYPES, EmbeddingRequest, Embeddings, parse_options
 from embedserve.handler.tasks.score import Pair, Scores, ScoringRequest, parse_query, scoring_options
 
@@ -195,6 +195,8 @@ def _checked_only(key: str, schema: dict[str, Any]) -> dict[str, Any]:
     schema = {name: value for name, value in schema.items() if name not in ("maximum", "maxItems", "default")}
     if key == "long_input":
         schema["enum"] = [*OPTION_TYPES[key][1], None]
+    if key == "modality":
+        schema = texts_only(schema)
     return {**schema, "description": f"{OPTION_NOTES[key]}; checked, no effect here"}
 
 

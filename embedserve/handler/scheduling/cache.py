@@ -231,7 +231,9 @@ class EmbeddingCache:
         digest.update(np.asarray(item.ids, dtype=np.int64).tobytes())
         for other in dataclasses.fields(item):
             value = getattr(item, other.name)
-            if other.name != "ids" and value:
+            if other.name == "image" and value is not None:  # an image's key is its pixel values
+                digest.update(b"|image:" + np.asarray(value).tobytes())
+            elif other.name not in ("ids", "image") and value:
                 digest.update(f"|{other.name}:{value}".encode())
         return digest.digest()
 

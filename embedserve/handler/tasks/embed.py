@@ -22,6 +22,7 @@ from embedserve.handler.api.codec import as_int, json_type, option_value, short
 from embedserve.handler.api.errors import RequestError, internal_error, malformed, unprocessable
 from embedserve.handler.api.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from embedserve.handler.api.route import Route
+from embedserve.handler.inputs.image import ImageReader, check_count, read_image
 from embedserve.handler.inputs.text import BatchTokenizing, Input
 from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput
@@ -40,6 +41,8 @@ TRUNCATION_DIRECTIONS = ("right", "left")
 LONG_INPUTS = ("truncate", "chunk", "late_chunk")
 # Late chunking's span when the request gives none: tokens of text.
 DEFAULT_CHUNK_SIZE = 256
+# What a request's inputs are (Infinity's field): texts, or images for a model that reads them.
+MODALITIES = ("text", "image")
 
 # Every option of an embedding request, parsed alike on every route: its JSON type and, for a
 # string, its values (the first is the default; none listed: any string). A missing field or null
@@ -57,6 +60,7 @@ OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
     "chunk_overlap": (int, ()),  # tokens each window repeats of the one before (0 and up)
     "chunk_size": (int, ()),  # late chunking: tokens of text a span
     "chunk_spans": (list, ()),  # late chunking: each input's [start, end) character ranges
+    "modality": (str, MODALITIES),  # what the inputs are: texts, or images as data URIs (inputs/image.py)
 }
 # Integer options that may be 0 (the others must be positive).
 INT_MINIMUMS = {"chunk_overlap": 0}
@@ -80,6 +84,7 @@ class Options:
     chunk_overlap: int = 0
     chunk_size: int | None = None  # None: DEFAULT_CHUNK_SIZE, or a window's text where less
     chunk_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    modality: str = "text"
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,14 @@ def refuse_long_input(payload: dict[str, Any], kind: str) -> None:
         raise unprocessable(f"'long_input' {short(value)} applies to the dense vectors of embedding models; a {kind} "
                             "model cuts a long input to its length (\"truncate\": false refuses it instead)",
                             param="long_input")
+
+
+def refuse_images(payload: dict[str, Any], kind: str) -> None:
+    """A model of `kind` that reads texts alone, and parses options of its own, refuses image inputs
+    (which it would otherwise read as texts)."""
+    value = payload.get("modality")
+    if value is not None and value != MODALITIES[0]:
+        raise unprocessable(f"'modality' {short(value)}: a {kind} model reads texts only", param="modality")
 
 
 # A request's options are read in this order (so that of two bad ones, the same is named first);
@@ -163,6 +176,11 @@ def parse_spans(value: Any) -> tuple[tuple[tuple[int, int], ...], ...] | None:
             spans.append((bounds[0], bounds[1]))
         parsed.append(tuple(spans))
     return tuple(parsed)
+
+
+def _modality(request: Any) -> str:
+    """What a request's inputs are; a task's own options without the field (sparse) take texts."""
+    return getattr(request.options, "modality", MODALITIES[0])
 
 
 # --- the answer's size -----------------------------------------------------------------------------
@@ -212,16 +230,19 @@ class _Checked:
     prompt: Prompt
     texts: dict[int, str]  # input index -> prompt + text, for the tokenizer
     bodies: list[list[int] | None]  # token ids without special tokens; None where `texts` holds the input
+    images: list[ModelInput] | None = None  # an image request's prepared images, in order
 
 
 class EmbedTask:
     task = Task.EMBED
 
     def __init__(self, checks: RequestChecks, *, prompts: dict[str, str], default_prompt: str, include_prompt: bool,
-                 pooling: tuple[str, ...] = ("mean",)):
+                 pooling: tuple[str, ...] = ("mean",), images: ImageReader | None = None):
         """`include_prompt`: whether pooling counts the prompt's tokens (the Pooling module's own flag);
-        `pooling`: its modes (late chunking needs pooling over tokens)."""
+        `pooling`: its modes (late chunking needs pooling over tokens); `images`: the image kind of a
+        model that reads images (an image-text model's), None for a text model."""
         self.checks = checks
+        self.images = images
         self.pooling = pooling
         self.pools_spans = set(pooling) <= set(SPAN_POOLING)  # whether it late chunks
         self.settings = checks.settings
@@ -271,6 +292,8 @@ class EmbedTask:
         the same vector."""
         options = request.options
         normalize = self.settings.normalize if options.normalize is None else options.normalize
+        if _modality(request) == "image":
+            return self._check_images(request, normalize)
         self.check_limits(request)
         self._check_options(request, normalize)
         prompt = self._prompt_of(request)
@@ -286,6 +309,30 @@ class EmbedTask:
                 texts[i] = prompt.text + self.tokenizer.decode(item)
             bodies.append(None if prompt.text else list(item))
         return _Checked(request, normalize, prompt, texts, bodies)
+
+    def _check_images(self, request: EmbeddingRequest, normalize: bool) -> _Checked:
+        """An image request: each input a data URI, decoded and prepared one at a time (the image
+        kind, inputs/image.py); the options that shape texts refused, the others as for texts."""
+        if self.images is None:
+            raise unprocessable("\"modality\": \"image\" needs a model that reads images; this one reads texts",
+                                param="modality")
+        if request.route not in (Route.NATIVE, Route.OPENAI):
+            raise unprocessable("\"modality\": \"image\" is for the native and OpenAI routes; TEI's take texts",
+                                param="modality")
+        options = request.options
+        for key, default in (("long_input", LONG_INPUTS[0]), ("prompt_name", None)):
+            if getattr(options, key) != default:
+                raise unprocessable(f"'{key}' applies to texts, and these inputs are images", param=key)
+        self.checks.count(request)
+        check_count(len(request.inputs), request.field, self.images.limits)
+        self._check_options(request, normalize)
+        images = []
+        for i, item in enumerate(request.inputs):
+            if not isinstance(item, str):
+                raise malformed(f"'{request.param(i)}' must be an image as a data URI string, got token ids",
+                                param=request.param(i))
+            images.append(self.images.model_input(read_image(item, request.param(i)), request.param(i)))
+        return _Checked(request, normalize, self.prompt(None), {}, [], images)
 
     def _tokenize(self, checked: dict[int, _Checked], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
         """The checked requests' texts tokenized in one call, then each request finished on its
@@ -306,6 +353,9 @@ class EmbedTask:
         """The checks after tokenizing, given the token ids of `checked.texts` in order: length
         per input (truncated, or refused with truncation off) and tokens per request."""
         request, prompt = checked.request, checked.prompt
+        if checked.images is not None:
+            self.checks.tokens(sum(map(len, checked.images)), request.field, budget)
+            return Job(request, checked.images, checked.normalize)
         options = request.options
         bodies = list(checked.bodies)
         for i, ids in zip(checked.texts, tokenized):
@@ -489,6 +539,9 @@ class EmbedTask:
 
     def tokens(self, request: EmbeddingRequest) -> list[list[dict[str, Any]]]:
         """TEI /tokenize: each text's tokens, the prompt in front, checked for size first."""
+        if _modality(request) != "text":
+            raise unprocessable("/tokenize tokenizes texts; \"modality\": \"image\" does not apply",
+                                param="modality")
         self.check_limits(request)
         prompt = self.prompt(request.options.prompt_name).text
         texts = [prompt + text for text in request.inputs]

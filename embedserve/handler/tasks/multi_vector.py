@@ -38,7 +38,8 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, Outcome, RequestChecks, each_request, each_result
-from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes, refuse_long_input
+from embedserve.handler.tasks.embed import (CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes, refuse_images,
+                                            refuse_long_input)
 
 INPUT_TYPES = ("query", "document")
 EMPTY_DOCUMENT_SCORE = -1e9
@@ -96,6 +97,7 @@ class MaxSimScores:
 
 def parse_multi_vector_options(payload: dict[str, Any]) -> MultiVectorOptions:
     refuse_long_input(payload, "multi-vector")
+    refuse_images(payload, "multi-vector")
     values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
               for key, (kind, choices) in MULTI_VECTOR_OPTION_TYPES.items()}
     return MultiVectorOptions(**{key: value for key, value in values.items() if value is not None})

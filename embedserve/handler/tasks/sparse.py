@@ -30,7 +30,8 @@ from embedserve.handler.api.errors import RequestError, malformed, too_large
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.tasks.base import Job, Outcome, each_request, each_result
-from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, EmbedTask, Input, refuse_long_input
+from embedserve.handler.tasks.embed import (CASE_INSENSITIVE, OPTION_TYPES, EmbedTask, Input, refuse_images,
+                                            refuse_long_input)
 
 SPARSE_FORMATS = ("indices", "tokens")
 INPUT_TYPES = ("query", "document")
@@ -87,6 +88,7 @@ class SparseVectors:
 
 def parse_sparse_options(payload: dict[str, Any]) -> SparseOptions:
     refuse_long_input(payload, "sparse or hybrid")
+    refuse_images(payload, "sparse")
     values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
               for key, (kind, choices) in SPARSE_OPTION_TYPES.items()}
     threshold = payload.get("threshold")

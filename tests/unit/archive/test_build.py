@@ -186,19 +186,43 @@ def test_qwen3_reranker_as_published_is_refused_not_served_as_an_embedder(tmp_pa
     assert describe_model(folder).served_with("last_token").pooling.modes == ("last_token",)
 
 
-def test_an_image_text_model_is_refused_as_one(tmp_path, config, capsys):
-    """A CLIP folder, as transformers saves it and as sentence-transformers re-saves it (one
-    multimodal Transformer module): refused for what it is, not for a missing hidden_size."""
+def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_and_images(tmp_path, config,
+                                                                                           capsys):
+    """A CLIP folder as sentence-transformers re-saves it (one multimodal Transformer module, its
+    image processor in processor_config.json): built with its image processor, no ONNX export, and
+    checked against sentence-transformers on texts and on images. (The folder as transformers saves
+    it is the session catalog's build, tests/support/catalog.py, and docs/models.md's.)"""
     from sentence_transformers import SentenceTransformer
     from tests.support.image_models import make_clip
 
-    plain = make_clip(tmp_path / "clip")
     resaved = tmp_path / "clip-st"
-    SentenceTransformer(str(plain), device="cpu").save(str(resaved))
-    for folder in (plain, resaved):
-        assert run_build(config, "--model", str(folder)) == 1
-        err = capsys.readouterr().err
-        assert "'clip' (CLIPModel) is an image-text model" in err and "not served yet" in err, err
+    SentenceTransformer(str(make_clip(tmp_path / "clip")), device="cpu").save(str(resaved))
+    assert not (resaved / "preprocessor_config.json").exists()
+    assert run_build(config, "--model", str(resaved), "--name", "clip") == 0
+    err = capsys.readouterr().err
+    assert "an image-text model (CLIPModel: texts and images into one 16-wide space)" in err, err
+    assert "sentence-transformers: min cosine" in err and "sentence-transformers, images: min cosine" in err
+    with zipfile.ZipFile(config.parent / "store" / "clip.mar") as archive:
+        names = archive.namelist()
+    assert "model/processor_config.json" in names and not any(name.endswith(".onnx") for name in names)
+
+
+def test_siglip_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_path, config, capsys):
+    import json
+
+    from tests.support.image_models import make_clip
+
+    siglip = make_clip(tmp_path / "siglip")
+    settings = json.loads((siglip / "config.json").read_text())
+    (siglip / "config.json").write_text(json.dumps({**settings, "model_type": "siglip",
+                                                    "architectures": ["SiglipModel"]}))
+    assert run_build(config, "--model", str(siglip)) == 1
+    assert "fixed 64-token padding" in capsys.readouterr().err
+    layered = make_clip(tmp_path / "layered")
+    (layered / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "0_CLIPModel",
+                                                      "type": "sentence_transformers.models.CLIPModel"}]))
+    assert run_build(config, "--model", str(layered)) == 1
+    assert "build that subfolder itself" in capsys.readouterr().err
 
 
 def test_folder_that_is_not_a_model_is_refused(tmp_path, config, capsys):

@@ -19,7 +19,7 @@ LIMITS = ImageLimits()
 
 
 def decoded(value: str, limits: ImageLimits = LIMITS) -> Image.Image:
-    return decode_image(read_image(value, "input[0]", limits), "input[0]", limits)
+    return decode_image(read_image(value, "input[0]"), "input[0]", limits)
 
 
 def refusal(value, limits: ImageLimits = LIMITS) -> RequestError:

@@ -29,7 +29,7 @@ def test_data_uris_give_the_vectors_sentence_transformers_gives_their_images(cli
     pictures = [photo(300, 200), photo(64, 48).convert("L"), photo(500, 500).convert("P")]
     files = [image_file(pictures[0], "PNG"), image_file(pictures[1], "PNG"), image_file(pictures[2], "GIF")]
     uris = [data_uri(files[0]), data_uri(files[1]), data_uri(files[2], "image/gif")]
-    decoded = [decode_image(read_image(uri, f"input[{i}]", ImageLimits()), f"input[{i}]", ImageLimits())
+    decoded = [decode_image(read_image(uri, f"input[{i}]"), f"input[{i}]", ImageLimits())
                for i, uri in enumerate(uris)]
     preparation = ImagePreparation(clip_dir)
     pixels = preparation.pixel_values(decoded)

@@ -1,0 +1,49 @@
+"""Images through an image-text model's vision tower (model/towers.py), in torch.
+
+Every image is prepared to the same size (inputs/image.py), so a pass is a stack of pixel values
+and costs the same positions an image: the planner cuts passes by count and the token budget
+alone, never by padding (there is none).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from embedserve.handler.backends.base import PassCost
+from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.model.towers import ImageTower
+from embedserve.handler.scheduling.planner import plan_sub_batches
+
+
+class ImageInputs(NamedTuple):
+    pixels: torch.Tensor  # (rows, channels, height, width) on the backend's device, in its dtype
+    positions: int  # the patches each image costs
+
+
+class VisionBackend:
+    def __init__(self, tower: ImageTower, *, dtype: torch.dtype, device: torch.device):
+        self.tower = tower
+        self.dtype = dtype
+        self.device = device
+
+    def plan(self, lengths: Sequence[int], cost: PassCost) -> list[list[int]]:
+        return plan_sub_batches(lengths, cost.max_batch_tokens, cost.max_batch_size, 1, cost.pass_overhead_tokens)
+
+    def prepare(self, rows: Sequence[ModelInput]) -> ImageInputs:
+        pixels = torch.stack([row.image for row in rows]).to(self.device, self.dtype, non_blocking=True)
+        return ImageInputs(pixels, rows[0].positions)
+
+    def run(self, inputs: ImageInputs, *, eager: bool = False) -> torch.Tensor:
+        return self.tower(inputs.pixels).to(torch.float32)
+
+    def computed_tokens(self, inputs: ImageInputs) -> int:
+        return inputs.pixels.shape[0] * inputs.positions
+
+    @property
+    def thread_counts(self) -> tuple[int, ...] | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "torch", "layout": "images stacked, one size", "cuda_graphs": 0}

@@ -1,0 +1,126 @@
+"""Images beside texts through the real TorchServe: the session catalog's tiny CLIP (made from
+openai/clip-vit-base-patch32's published config and image processor, tests/support/image_models.py),
+built as a user builds the folder, against sentence-transformers' `encode` of the same texts and PIL
+images; the real `openai` client sending image items as Infinity's clients do (`modality`); and bad
+images answered alone, the rest of their batch served."""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+import requests
+from PIL import Image
+
+from tests.support.catalog import IMAGE_TEXT
+from tests.support.client import worker_identities
+from tests.support.images import data_uri, image_file, photo, png_of_zeros
+
+pytestmark = pytest.mark.integration
+
+MIN_COSINE = 0.99999
+TEXTS = ["a red cat on a mat", "two dogs", "hello world"]
+
+
+@pytest.fixture(scope="module")
+def reference(catalog_models):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(catalog_models[IMAGE_TEXT]), device="cpu")
+
+
+def pictures() -> list[tuple[Image.Image, bytes, str]]:
+    """Images of several sizes and modes, each with its file and data URI."""
+    images = [(photo(320, 240), "PNG", "image/png"), (photo(64, 96).convert("L"), "JPEG", "image/jpeg"),
+              (photo(500, 500).convert("RGBA"), "WEBP", "image/webp")]
+    made = []
+    for image, file_format, media_type in images:
+        data = image_file(image, file_format)
+        made.append((Image.open(io.BytesIO(data)), data, data_uri(data, media_type)))
+    return made
+
+
+def post(catalog, body, route="v1/embeddings"):
+    return requests.post(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/{route}", json=body,
+                         headers=catalog.auth(), timeout=120)
+
+
+def cosines(got, want):
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+
+
+def test_images_and_texts_are_sentence_transformers_vectors_in_one_space(catalog, reference):
+    images = pictures()
+    answer = post(catalog, {"input": [uri for _, _, uri in images], "modality": "image"})
+    assert answer.status_code == 200, answer.text
+    got = [row["embedding"] for row in answer.json()["data"]]
+    assert cosines(got, reference.encode([image for image, _, _ in images])).min() >= MIN_COSINE
+    texts = post(catalog, {"input": TEXTS})
+    assert cosines([row["embedding"] for row in texts.json()["data"]], reference.encode(TEXTS)).min() >= MIN_COSINE
+    # The native route, unnormalized and with fewer dimensions, as for texts.
+    native = requests.post(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}", headers=catalog.auth(),
+                           json={"input": images[0][2], "modality": "image", "normalize": False}, timeout=120)
+    assert native.status_code == 200, native.text
+    assert np.allclose(native.json()["data"][0]["embedding"], reference.encode([images[0][0]])[0], atol=1e-5)
+    info = requests.get(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/info", headers=catalog.auth(),
+                        timeout=60).json()
+    assert info["embedding_dimension"] == reference.get_embedding_dimension() == 16
+
+
+def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, reference):
+    client = openai.OpenAI(base_url=f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/v1",
+                           api_key=catalog.keys()["inference"], max_retries=0)
+    images = pictures()
+    result = client.embeddings.create(model=IMAGE_TEXT, input=[uri for _, _, uri in images],
+                                      extra_body={"modality": "image"})  # the client asks for base64
+    assert cosines([d.embedding for d in result.data],
+                   reference.encode([image for image, _, _ in images])).min() >= MIN_COSINE
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=IMAGE_TEXT, input=["https://example.com/cat.png"],
+                                 extra_body={"modality": "image"})
+    assert "fetches no URL" in str(refused.value)
+
+
+BAD_IMAGES = {
+    "not an image": (data_uri(b"not an image at all" * 20), 400, "is not a readable image/png image"),
+    "a PNG sent as JPEG": (data_uri(image_file(photo(), "PNG"), "image/jpeg"), 400, "the bytes are a PNG image"),
+    "truncated": (data_uri(image_file(photo(256, 256), "PNG")[:2000]), 400, "truncated or corrupt"),
+    "a decompression bomb": (data_uri(png_of_zeros(10_000, 10_000)), 413, "max_image_pixels=40000000"),
+    "absurd sides": (data_uri(png_of_zeros(5_000, 1)), 400, "max_aspect_ratio=100"),
+    "a text media type": ("data:text/plain;base64,aGVsbG8=", 400, "an image item is one of image/png"),
+    "a URL": ("http://169.254.169.254/latest/meta-data", 400, "fetches no URL"),
+}
+
+
+def test_each_bad_image_is_refused_alone_and_its_batch_is_served(catalog, reference):
+    pids = worker_identities(catalog, IMAGE_TEXT)
+    good = pictures()[0]
+    want = reference.encode([good[0]])
+    bodies = [{"input": [good[2], value], "modality": "image"} for value, _, _ in BAD_IMAGES.values()]
+    bodies += [{"input": good[2], "modality": "image"}] * 4
+    with ThreadPoolExecutor(len(bodies)) as pool:  # concurrent: the bad and the good share batches
+        answers = list(pool.map(lambda body: post(catalog, body), bodies))
+    for (name, (_, status, words)), answer in zip(BAD_IMAGES.items(), answers):
+        assert answer.status_code == status and words in answer.text, (name, answer.text)
+        assert answer.json()["error"]["param"] == "input[1]", name
+    for answer in answers[len(BAD_IMAGES):]:
+        assert answer.status_code == 200 and cosines([answer.json()["data"][0]["embedding"]], want)[0] >= MIN_COSINE
+    assert worker_identities(catalog, IMAGE_TEXT) == pids  # no worker died of any of them
+
+
+def test_options_that_do_not_apply_to_images_are_refused(catalog):
+    image = pictures()[0][2]
+    for body, field in (({"input": image, "modality": "image", "long_input": "chunk"}, "long_input"),
+                        ({"input": [[101, 2023]], "modality": "image"}, "input[0]"),
+                        ({"input": image, "modality": "video"}, "modality")):
+        answer = post(catalog, body)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == field, answer.text
+    # Text models refuse image items, naming the field, whatever options their task reads.
+    for model in ("colbert", "splade", "m3"):
+        answer = requests.post(f"{catalog.url('inference')}/predictions/{model}", headers=catalog.auth(), timeout=60,
+                               json={"input": image, "modality": "image"})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "modality", (model, answer.text)
