@@ -69,6 +69,7 @@ def test_images_and_texts_are_sentence_transformers_vectors_in_one_space(catalog
     info = requests.get(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/info", headers=catalog.auth(),
                         timeout=60).json()
     assert info["embedding_dimension"] == reference.get_embedding_dimension() == 16
+    assert info["modalities"] == ["text", "image"] and info["image_limits"]["max_image_pixels"] == 40_000_000
 
 
 def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, reference):

@@ -3,6 +3,7 @@ openapi.json, the API page (docs) and TEI's /tokenize, which every model answers
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Callable
 
 from embedserve.handler.api.codec import dumps
@@ -104,6 +105,9 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
                   "redis": bool(cache and cache.redis)},
         "output_dtypes": list(OUTPUT_DTYPES),
         "encoding_formats": list(ENCODING_FORMATS),
+        # What the inputs may be ("modality"), and an image model's image limits.
+        "modalities": ["text", "image"] if text.images is not None else ["text"],
+        **({"image_limits": asdict(text.images.limits)} if text.images is not None else {}),
         "api_page": assets_present(),
     }
 

@@ -296,7 +296,8 @@ def common_schemas(model: ServedModel) -> dict[str, Any]:
                      "max_tokens_per_request": {"type": "integer", "minimum": 1},
                      "max_response_bytes": {"type": "integer", "minimum": 1},
                      "output_dtypes": {"const": list(OPTION_TYPES["output_dtype"][1])},
-                     "encoding_formats": {"const": list(OPTION_TYPES["encoding_format"][1])}}},
+                     "encoding_formats": {"const": list(OPTION_TYPES["encoding_format"][1])},
+                     "modalities": {"const": list(MODALITIES) if model.reads_images else [MODALITIES[0]]}}},
         "OpenAPIDocument": {"type": "object", "required": ["openapi", "info", "paths"]},
         "OpenAIError": openai_error(),
         "TEIError": {

@@ -1,0 +1,169 @@
+"""Images served end to end against sentence-transformers' `encode` of the same images in-process.
+
+    python -m bench.images [--seconds 10] [--out bench/results]
+
+No CLIP checkpoint ships on PyPI, so the model is openai/clip-vit-base-patch32's published
+architecture (tests/fixtures/published/clip-vit-base-patch32: ViT-B/32 at 224 pixels, 12 layers
+768 wide, the 512-wide shared space) with random weights: its vectors mean nothing, its cost is the
+real model's.
+
+1. The machine: the CPU's model and flags, threads, torch.
+2. Images: 64 JPEG photographs' worth (640 x 480, smooth gradients and noise: 40-60 KB each), the
+   same files for both sides.
+3. In-process: SentenceTransformer.encode on the PIL images opened from those files, batches of
+   32, all the machine's threads, the best of 2 runs: images/s (decoding included: PIL decodes
+   lazily, in encode).
+4. Served: the model built by build_mar with no option but the model (`make serve`'s defaults;
+   --skip-check, which changes nothing the workers run for an image-text model), the OpenAI route
+   with `"modality": "image"`, 4 images a request at 16 clients, the median of 2 runs: images/s and
+   latency, and TorchServe's CPU time an image.
+5. Its vectors against encode's on 8 of the images: the least cosine.
+Results go to `<out>/images.json`, the target (served >= 1.3x in-process) checked at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+import torch
+from PIL import Image
+
+from bench.load import run_load
+from bench.serving import serve_model, server_cpu_seconds
+from embedserve.handler.worker.cpu_features import describe_cpu
+
+NAME = "clip"
+IMAGES = 64
+SIZE = (640, 480)
+CLIENTS = 16
+IMAGES_PER_REQUEST = 4
+REPEATS = 2
+CHECKED = 8
+SPEEDUP_GOAL = 1.3
+
+
+def make_full_clip(path: Path) -> Path:
+    """clip-vit-base-patch32's published config and image processor, random weights, the test
+    vocabulary's tokenizer (texts are not measured here)."""
+    from transformers import BertTokenizerFast, CLIPConfig, CLIPModel
+
+    from tests.support.image_models import CLIP_PUBLISHED
+    from tests.support.tiny_model import _vocab
+
+    path.mkdir(parents=True)
+    (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
+    BertTokenizerFast.from_pretrained(path, model_max_length=77).save_pretrained(path)
+    (path / "config.json").write_text((CLIP_PUBLISHED / "config.json").read_text())
+    torch.manual_seed(0)
+    CLIPModel(CLIPConfig.from_pretrained(path)).eval().save_pretrained(path)
+    (path / "config.json").write_text((CLIP_PUBLISHED / "config.json").read_text())
+    (path / "preprocessor_config.json").write_text((CLIP_PUBLISHED / "preprocessor_config.json").read_text())
+    return path
+
+
+def photographs() -> list[bytes]:
+    """JPEG files of photograph-like content: gradients, blobs of colour, a little noise."""
+    rng = np.random.default_rng(0)
+    width, height = SIZE
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    files = []
+    for _ in range(IMAGES):
+        channels = [np.sin(x / rng.uniform(20, 200) + rng.uniform(0, 6)) * np.cos(y / rng.uniform(20, 200))
+                    for _ in range(3)]
+        pixels = (np.stack(channels, axis=2) * 100 + 128 + rng.normal(0, 6, (height, width, 3))).clip(0, 255)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels.astype(np.uint8), "RGB").save(buffer, format="JPEG", quality=90)
+        files.append(buffer.getvalue())
+    return files
+
+
+def in_process(model_dir: Path, files: list[bytes]) -> dict:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    model.encode([Image.open(io.BytesIO(data)) for data in files[:8]], batch_size=32)  # warm
+    rates = []
+    for _ in range(2):
+        images = [Image.open(io.BytesIO(data)) for data in files]
+        began = time.perf_counter()
+        model.encode(images, batch_size=32)
+        rates.append(len(files) / (time.perf_counter() - began))
+    return {"images_per_s": round(max(rates), 2), "batch_size": 32, "threads": torch.get_num_threads()}
+
+
+def served(model_dir: Path, files: list[bytes], seconds: float) -> dict:
+    uris = ["data:image/jpeg;base64," + base64.b64encode(data).decode() for data in files]
+    with serve_model(model_dir, NAME, "the CLIP archive", ("--skip-check",)) as server:
+        url = f"{server.url('inference')}/predictions/{NAME}/1.0/v1/embeddings"
+        body = lambda batch: {"input": batch, "modality": "image"}  # noqa: E731
+        positions = [49] * len(uris)
+        run_load(url, server.auth(), uris, positions, concurrency=CLIENTS, texts_per_request=IMAGES_PER_REQUEST,
+                 seconds=5.0, body=body)  # warm
+        runs = []
+        for _ in range(REPEATS):
+            cpu_before = sum(server_cpu_seconds(server))  # frontend and workers
+            load = run_load(url, server.auth(), uris, positions, concurrency=CLIENTS,
+                            texts_per_request=IMAGES_PER_REQUEST, seconds=seconds, body=body)
+            result = load.summary()
+            result["server_cpu_ms_per_image"] = round(
+                (sum(server_cpu_seconds(server)) - cpu_before) * 1e3 / max(1, load.texts), 2)
+            runs.append(result)
+        vectors = requests.post(url, headers=server.auth(), timeout=300,
+                                json={"input": uris[:CHECKED], "modality": "image"}).json()["data"]
+    median = sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2]
+    return {"images_per_s": median["texts_per_s"], "p50_ms": median["p50_ms"], "p99_ms": median["p99_ms"],
+            "errors": median["errors"], "server_cpu_ms_per_image": median["server_cpu_ms_per_image"],
+            "runs": [run["texts_per_s"] for run in runs], "clients": CLIENTS,
+            "images_per_request": IMAGES_PER_REQUEST, "vectors": [row["embedding"] for row in vectors]}
+
+
+def least_cosine(model_dir: Path, files: list[bytes], got: list[list[float]]) -> float:
+    from sentence_transformers import SentenceTransformer
+
+    want = SentenceTransformer(str(model_dir), device="cpu").encode(
+        [Image.open(io.BytesIO(data)) for data in files[:CHECKED]])
+    got_ = np.asarray(got, dtype=np.float64)
+    return float(((got_ * want).sum(1) / np.linalg.norm(got_, axis=1) / np.linalg.norm(want, axis=1)).min())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.images", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, default=None, help="write images.json here")
+    args = parser.parse_args(argv)
+    files = photographs()
+    with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
+        model_dir = make_full_clip(Path(tmp) / "clip-vit-base-patch32")
+        reference = in_process(model_dir, files)
+        print(json.dumps({"in_process": reference}), file=sys.stderr, flush=True)
+        serving = served(model_dir, files, args.seconds)
+        cosine = least_cosine(model_dir, files, serving.pop("vectors"))
+    result = {
+        "cpu": describe_cpu(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "model": "openai/clip-vit-base-patch32's architecture, random weights",
+        "images": {"count": IMAGES, "size": list(SIZE), "format": "JPEG",
+                   "median_bytes": int(statistics.median(map(len, files)))},
+        "in_process": reference, "served": serving, "least_cosine": round(cosine, 7),
+        "served_over_in_process": round(serving["images_per_s"] / reference["images_per_s"], 3),
+        "goal": SPEEDUP_GOAL,
+    }
+    result["met"] = result["served_over_in_process"] >= SPEEDUP_GOAL
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "images.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
