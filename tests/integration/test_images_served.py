@@ -6,6 +6,7 @@ images answered alone, the rest of their batch served."""
 
 from __future__ import annotations
 
+import base64
 import io
 from concurrent.futures import ThreadPoolExecutor
 
@@ -84,6 +85,28 @@ def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, refere
         client.embeddings.create(model=IMAGE_TEXT, input=["https://example.com/cat.png"],
                                  extra_body={"modality": "image"})
     assert "fetches no URL" in str(refused.value)
+
+
+def test_cohere_s_client_embeds_images_and_texts_unchanged(catalog, reference):
+    """ClientV2.embed as Cohere's users call it: images as data URIs with input_type "image", texts
+    with a search input type, several embedding types in one answer."""
+    import cohere
+
+    client = cohere.ClientV2(api_key=catalog.auth()["Authorization"].split()[-1],
+                             base_url=f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0")
+    images = pictures()
+    answer = client.embed(model=IMAGE_TEXT, images=[uri for _, _, uri in images], input_type="image",
+                          embedding_types=["float", "int8", "base64"])
+    want = reference.encode([image for image, _, _ in images])
+    assert cosines(answer.embeddings.float_, want).min() >= MIN_COSINE
+    floats = np.asarray([np.frombuffer(base64.b64decode(row), "<f4") for row in answer.embeddings.base64])
+    assert np.array_equal(floats, np.asarray(answer.embeddings.float_, dtype=np.float32))
+    assert cosines(answer.embeddings.int8, want).min() >= 0.99  # int8 codes of the same unit vectors
+    texts = client.embed(model=IMAGE_TEXT, texts=TEXTS, input_type="search_query", embedding_types=["float"],
+                         output_dimension=8)
+    assert np.asarray(texts.embeddings.float_).shape == (3, 8) and texts.texts == TEXTS
+    with pytest.raises(cohere.BadRequestError):
+        client.embed(model=IMAGE_TEXT, images=["https://example.com/cat.png"], input_type="image")
 
 
 BAD_IMAGES = {

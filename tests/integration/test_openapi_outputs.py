@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 OPERATIONS = {"splade": ("", "v1/embeddings", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
               "colbert": ("", "v1/embeddings", "embed_all", "rerank", "v1/rerank", "v2/rerank"),
-              "clip": ("", "v1/embeddings", "embed")}
+              "clip": ("", "v1/embeddings", "embed", "v2/embed")}
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ class Route(Enum):
     TEI_PREDICT = "predict"
     RERANK_V1 = "v1/rerank"
     RERANK_V2 = "v2/rerank"
+    EMBED_V2 = "v2/embed"  # Cohere's ClientV2.embed: texts or images
 
     @property
     def tei(self) -> bool:

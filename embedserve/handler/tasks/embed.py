@@ -43,6 +43,10 @@ LONG_INPUTS = ("truncate", "chunk", "late_chunk")
 DEFAULT_CHUNK_SIZE = 256
 # What a request's inputs are (Infinity's field): texts, or images for a model that reads them.
 MODALITIES = ("text", "image")
+# Cohere's input types, and the prompt names each takes where the model has one (the first it has).
+INPUT_TYPE_PROMPTS = {"search_query": ("query", "search_query"),
+                      "search_document": ("document", "passage", "search_document"),
+                      "classification": ("classification",), "clustering": ("clustering",), "image": ()}
 
 # Every option of an embedding request, parsed alike on every route: its JSON type and, for a
 # string, its values (the first is the default; none listed: any string). A missing field or null
@@ -85,6 +89,7 @@ class Options:
     chunk_size: int | None = None  # None: DEFAULT_CHUNK_SIZE, or a window's text where less
     chunk_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
     modality: str = "text"
+    input_type: str | None = None  # Cohere's (routes/cohere.py): chooses a prompt the model has, below
 
 
 @dataclass(frozen=True)
@@ -316,9 +321,9 @@ class EmbedTask:
         if self.images is None:
             raise unprocessable("\"modality\": \"image\" needs a model that reads images; this one reads texts",
                                 param="modality")
-        if request.route not in (Route.NATIVE, Route.OPENAI):
-            raise unprocessable("\"modality\": \"image\" is for the native and OpenAI routes; TEI's take texts",
-                                param="modality")
+        if request.route not in (Route.NATIVE, Route.OPENAI, Route.EMBED_V2):
+            raise unprocessable("\"modality\": \"image\" is for the native, OpenAI and Cohere routes; TEI's take "
+                                "texts", param="modality")
         options = request.options
         for key, default in (("long_input", LONG_INPUTS[0]), ("prompt_name", None)):
             if getattr(options, key) != default:
@@ -488,7 +493,12 @@ class EmbedTask:
         self.checks.answer_size(request, answer, f"send fewer inputs per request, fewer 'dimensions'{smaller}")
 
     def _prompt_of(self, request: EmbeddingRequest) -> Prompt:
-        return self.prompt(request.options.prompt_name)
+        """The request's prompt: its prompt_name's; else, for Cohere's input_type, the model's prompt
+        of that role where it has one; else the default."""
+        name, role = request.options.prompt_name, getattr(request.options, "input_type", None)
+        if name is None and role is not None:
+            name = next((known for known in INPUT_TYPE_PROMPTS[role] if known in self.prompts), None)
+        return self.prompt(name)
 
     def prompt(self, name: str | None) -> Prompt:
         if name is None:

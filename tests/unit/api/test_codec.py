@@ -81,8 +81,8 @@ def test_routes(path, route):
 
 
 def test_unknown_route_is_404():
-    error = error_of({"input": "x"}, url_path="v2/embed")
-    assert error.http_status == 404 and "v2/embed" in error.message
+    error = error_of({"input": "x"}, url_path="v3/embed")
+    assert error.http_status == 404 and "v3/embed" in error.message
 
 
 @pytest.mark.parametrize(
