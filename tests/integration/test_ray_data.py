@@ -1,6 +1,6 @@
 """The Ray Data path on a real two-node Ray cluster on this machine (tests/support/ray_cluster.py),
 run as a user runs it (`python -m embedserve.ray_data`) on the archives the session's TorchServe
-serves: the job spread over both nodes, vectors the same bytes the service answers, rows the
+serves: the job's actors spread over both nodes, vectors the same bytes the service answers, rows the
 service would refuse failing alone; and every row exactly once after an actor, or a whole node, is
 killed in the middle of the job.
 
@@ -120,8 +120,10 @@ def test_a_two_node_job_gives_the_services_vectors_for_every_row(cluster, server
     reference = st_model.encode(texts, normalize_embeddings=True)
     assert np.sum(served * reference, axis=1).min() >= 0.9999
 
-    # an actor on each node
-    assert len(actors.nodes()) == 2, actors.ready()
+    # The job's actors: one, or one on each node. A 400-row job can be done by the first actor
+    # before the second has loaded its archive, and Ray stops that one unready (a busy machine
+    # did); the spread over both nodes is asserted where both are ready, mid-job (the node test).
+    assert 1 <= actors.count() <= 2 and actors.nodes() <= set(ready_nodes(cluster)), actors.ready()
 
 
 def requests_info(server) -> dict:
