@@ -41,6 +41,7 @@ from PIL import Image
 from bench.load import run_load
 from bench.serving import serve_model, server_cpu_seconds
 from embedserve.handler.worker.cpu_features import describe_cpu
+from tests.support.image_models import make_clip
 
 NAME = "clip"
 IMAGES = 64
@@ -50,25 +51,6 @@ IMAGES_PER_REQUEST = 4
 REPEATS = 2
 CHECKED = 8
 SPEEDUP_GOAL = 1.3
-
-
-def make_full_clip(path: Path) -> Path:
-    """clip-vit-base-patch32's published config and image processor, random weights, the test
-    vocabulary's tokenizer (texts are not measured here)."""
-    from transformers import BertTokenizerFast, CLIPConfig, CLIPModel
-
-    from tests.support.image_models import CLIP_PUBLISHED
-    from tests.support.tiny_model import _vocab
-
-    path.mkdir(parents=True)
-    (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
-    BertTokenizerFast.from_pretrained(path, model_max_length=77).save_pretrained(path)
-    (path / "config.json").write_text((CLIP_PUBLISHED / "config.json").read_text())
-    torch.manual_seed(0)
-    CLIPModel(CLIPConfig.from_pretrained(path)).eval().save_pretrained(path)
-    (path / "config.json").write_text((CLIP_PUBLISHED / "config.json").read_text())
-    (path / "preprocessor_config.json").write_text((CLIP_PUBLISHED / "preprocessor_config.json").read_text())
-    return path
 
 
 def photographs() -> list[bytes]:
@@ -143,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = photographs()
     with tempfile.TemporaryDirectory(prefix="bench-images-") as tmp:
-        model_dir = make_full_clip(Path(tmp) / "clip-vit-base-patch32")
+        model_dir = make_clip(Path(tmp) / "clip-vit-base-patch32", full_size=True)
         reference = in_process(model_dir, files)
         print(json.dumps({"in_process": reference}), file=sys.stderr, flush=True)
         serving = served(model_dir, files, args.seconds)

@@ -26,17 +26,19 @@ TINY_TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2
               "projection_dim": 16}
 
 
-def make_clip(path: Path, seed: int = 0) -> Path:
+def make_clip(path: Path, seed: int = 0, full_size: bool = False) -> Path:
     """A plain transformers CLIP folder (config, weights, tokenizer, image processor), as
     sentence-transformers loads one: texts through get_text_features, images through
-    get_image_features, both into one 16-wide space."""
+    get_image_features, both into one 16-wide space. `full_size`: the published towers unshrunk
+    (ViT-B/32, a 512-wide space), for benchmarks: the tiny vocabulary's ids are within its own."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
     BertTokenizerFast.from_pretrained(path, model_max_length=77).save_pretrained(path)
     config = json.loads((CLIP_PUBLISHED / "config.json").read_text())
-    config["projection_dim"] = TINY_TOWER["projection_dim"]
-    config["text_config"].update(TINY_TOWER, vocab_size=len(_vocab()))
-    config["vision_config"].update(TINY_TOWER)
+    if not full_size:
+        config["projection_dim"] = TINY_TOWER["projection_dim"]
+        config["text_config"].update(TINY_TOWER, vocab_size=len(_vocab()))
+        config["vision_config"].update(TINY_TOWER)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     torch.manual_seed(seed)
     model = CLIPModel(CLIPConfig.from_pretrained(path)).eval()

@@ -31,7 +31,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,15 +165,13 @@ def _media_type(image_format: str) -> str:
 class ImagePreparation:
     """Decoded images into a vision tower's pixel values, by the model folder's own image processor."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, positions: int):
+        """`positions`: what an image costs the planner, the patches its vision tower computes
+        (`Towers.image_positions`, read off the model's config by model/towers.py)."""
         from transformers import AutoImageProcessor  # the image models' dependency only
 
         self.processor = AutoImageProcessor.from_pretrained(model_dir)
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        vision = config.get("vision_config") or config
-        # What an image costs the planner: the positions the tower computes, a patch each (CLIP
-        # adds its class token, SigLIP none: the patches are the cost that grows).
-        self.positions = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
+        self.positions = positions
 
     def pixel_values(self, images: Sequence[Image.Image]) -> torch.Tensor:
         """(images, channels, height, width) float32, in order."""

@@ -69,8 +69,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     architecture = str((config.get("architectures") or [""])[0])
     unpooled_decoder = architecture if pooling is None and not (scoring or sparse or multi_vector or m3) and \
         architecture.endswith(DECODER_HEADS) else None
-    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
-        model_dir / "sentence_bert_config.json").is_file() else {}
+    transformer = _transformer_config(model_dir)
     prompts, default_prompt_name = _read_prompts(model_dir)
     if multi_vector and multi_vector.prefixes:
         prompts = prefixed_prompts(prompts, multi_vector.prefixes)
@@ -78,7 +77,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         model_type=str(config.get("model_type", "")),
         hidden_size=config["hidden_size"],
         pooling=pooling,
-        max_seq_length=int(transformer["max_seq_length"]) if transformer.get("max_seq_length") else None,
+        max_seq_length=_max_seq_length(transformer),
         usable_positions=usable_positions(config),
         head=head,
         do_lower_case=bool(transformer.get("do_lower_case", False)),
@@ -96,14 +95,23 @@ def _describe_towers(model_dir: Path, config: dict[str, Any]) -> ModelDescriptio
     """An image-text dual encoder (model/towers.py): texts through its text tower, images through
     its vision tower, each pooled its own way."""
     towers = read_towers(model_dir, config)
-    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
-        model_dir / "sentence_bert_config.json").is_file() else {}
+    transformer = _transformer_config(model_dir)
     prompts, default_prompt_name = _read_prompts(model_dir)
     return ModelDescription(
         model_type=str(config.get("model_type", "")), hidden_size=towers.dimension, pooling=None,
-        max_seq_length=int(transformer["max_seq_length"]) if transformer.get("max_seq_length") else None,
+        max_seq_length=_max_seq_length(transformer),
         usable_positions=towers.text_positions, prompts=prompts, default_prompt_name=default_prompt_name,
         towers=towers)
+
+
+def _transformer_config(model_dir: Path) -> dict[str, Any]:
+    """The Transformer module's sentence_bert_config.json; empty where the folder has none."""
+    path = model_dir / "sentence_bert_config.json"
+    return _read_json(path) if path.is_file() else {}
+
+
+def _max_seq_length(transformer: dict[str, Any]) -> int | None:
+    return int(transformer["max_seq_length"]) if transformer.get("max_seq_length") else None
 
 
 def check_architecture(config: dict[str, Any]) -> None:
@@ -233,8 +241,7 @@ def _read_multi_vector(model_dir: Path) -> tuple[MultiVector | None, tuple[HeadM
             raise ModelFilesError(f"{modules_file}: the Transformer module is in a subfolder; not supported")
         denses = [(str(m.get("path") or ""), _read_json(model_dir / str(m.get("path") or "") / "config.json"))
                   for m in modules[1:] if str(m.get("type", "")).rsplit(".", 1)[-1] == "Dense"]
-        transformer = _read_json(model_dir / "sentence_bert_config.json") if (
-            model_dir / "sentence_bert_config.json").is_file() else {}
+        transformer = _transformer_config(model_dir)
         return read_pylate(modules_file, kinds, denses, st_config, transformer)
     if st_config.get("model_type") != "MultiVectorEncoder" and "MultiVectorMask" not in kinds:
         return None, ()
@@ -254,8 +261,7 @@ def _read_multi_vector(model_dir: Path) -> tuple[MultiVector | None, tuple[HeadM
     mask = _read_json(mask_folder / "config.json") if (mask_folder / "config.json").is_file() else {}
     if mask.get("keep_only_token_ids"):
         raise ModelFilesError(f"{mask_folder}: keep_only_token_ids (image patches) is not served")
-    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
-        model_dir / "sentence_bert_config.json").is_file() else {}
+    transformer = _transformer_config(model_dir)
     expansion = transformer.get("query_expansion")
     if expansion is not None and (not isinstance(expansion, dict) or expansion.get("strategy") not in ("fixed", "min")
                                   or not isinstance(expansion.get("length"), int)):
@@ -293,8 +299,7 @@ def _read_sparse(model_dir: Path, config: dict[str, Any]) -> SparsePooling | Non
     kinds = [str(module.get("type", "")).rsplit(".", 1)[-1] for module in modules]
     if not set(kinds) & set(_SPARSE_MODULES):
         return None
-    transformer = _read_json(model_dir / "sentence_bert_config.json") if (
-        model_dir / "sentence_bert_config.json").is_file() else {}
+    transformer = _transformer_config(model_dir)
     masked_lm = kinds[:1] == ["MLMTransformer"] or (kinds[:1] == ["Transformer"] and not modules[0].get("path")
                                                     and transformer.get("transformer_task") == "fill-mask")
     if not masked_lm or kinds[1:] != ["SpladePooling"]:

@@ -14,7 +14,7 @@ from embedserve.handler.api.quantize import OUTPUT_DTYPES
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.routes.schema import DESCRIBE_ERRORS, ServedModel, error_responses, operation, ref
-from embedserve.handler.tasks.embed import ENCODING_FORMATS, EmbeddingRequest, EmbedTask
+from embedserve.handler.tasks.embed import ENCODING_FORMATS, MODALITIES, EmbeddingRequest, EmbedTask
 
 def openapi_operations(model: ServedModel) -> dict[str, Any]:
     return {"get": operation("openapi", "This document, with the model's real values; any method, any body", None,
@@ -106,7 +106,7 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
         "output_dtypes": list(OUTPUT_DTYPES),
         "encoding_formats": list(ENCODING_FORMATS),
         # What the inputs may be ("modality"), and an image model's image limits.
-        "modalities": ["text", "image"] if text.images is not None else ["text"],
+        "modalities": list(MODALITIES) if text.images is not None else [MODALITIES[0]],
         **({"image_limits": asdict(text.images.limits)} if text.images is not None else {}),
         "api_page": assets_present(),
     }

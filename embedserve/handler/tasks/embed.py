@@ -495,7 +495,7 @@ class EmbedTask:
     def _prompt_of(self, request: EmbeddingRequest) -> Prompt:
         """The request's prompt: its prompt_name's; else, for Cohere's input_type, the model's prompt
         of that role where it has one; else the default."""
-        name, role = request.options.prompt_name, getattr(request.options, "input_type", None)
+        name, role = request.options.prompt_name, request.options.input_type
         if name is None and role is not None:
             name = next((known for known in INPUT_TYPE_PROMPTS[role] if known in self.prompts), None)
         return self.prompt(name)

@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from embedserve.handler.inputs.image import ImageLimits, ImagePreparation, decode_image, read_image
+from embedserve.handler.model.files import describe_model
 from tests.support.image_models import CLIP_PUBLISHED, TINY_TOWER, make_clip
 from tests.support.images import data_uri, image_file, photo
 
@@ -31,7 +32,7 @@ def test_data_uris_give_the_vectors_sentence_transformers_gives_their_images(cli
     uris = [data_uri(files[0]), data_uri(files[1]), data_uri(files[2], "image/gif")]
     decoded = [decode_image(read_image(uri, f"input[{i}]"), f"input[{i}]", ImageLimits())
                for i, uri in enumerate(uris)]
-    preparation = ImagePreparation(clip_dir)
+    preparation = ImagePreparation(clip_dir, describe_model(clip_dir).towers.image_positions)
     pixels = preparation.pixel_values(decoded)
     assert pixels.shape == (3, 3, 224, 224) and pixels.dtype == torch.float32
     assert preparation.positions == 49  # (224 / 32) ** 2 patches
