@@ -88,7 +88,10 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     if engine.task is not Task.EMBED:
         return lines + [_compare_scores(engine, model_dir)]
     if engine.text.images is not None:
-        return lines + [_compare(engine, model_dir, int8=False), _compare_images(engine, model_dir)]
+        from embedserve.handler.model.files import describe_model
+
+        padded_to = describe_model(model_dir).towers.text_length
+        return lines + [_compare(engine, model_dir, int8=False, padded_to=padded_to), _compare_images(engine, model_dir)]
     return lines + [_compare(engine, model_dir, int8=dtype == "int8")]
 
 
@@ -277,7 +280,10 @@ def _compare_m3(engine, model_dir: Path) -> str:
     return f"FlagEmbedding BGEM3: dense and ColBERT min cosine {least:.6f}, sparse max difference {worst:.1e}"
 
 
-def _compare(engine, model_dir: Path, int8: bool) -> str:
+def _compare(engine, model_dir: Path, int8: bool, padded_to: int | None = None) -> str:
+    """The served text vectors against sentence-transformers' `encode`; `padded_to`: a SigLIP's
+    fixed text length, which its model card pads every text to (model/towers.py) and
+    sentence-transformers does only where told (its `processing_kwargs`)."""
     from sentence_transformers import SentenceTransformer
 
     try:
@@ -285,13 +291,16 @@ def _compare(engine, model_dir: Path, int8: bool) -> str:
     except Exception as err:  # its own limits are not the model's fault; say so, do not fail
         return f"sentence-transformers: could not load the model ({type(err).__name__}: {err}), not compared"
     reference.max_seq_length = engine.text.max_length
+    if padded_to:
+        reference[0].processing_kwargs = {"text": {"padding": "max_length", "max_length": padded_to}}
     cosines = []
     for name in [None, *engine.text.prompts]:
         want = reference.encode(list(TEXTS), prompt_name=name, convert_to_numpy=True)
         got = _served(engine, {"input": list(TEXTS), **({"prompt_name": name} if name else {})})
         cosines.extend((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1))
     worst = float(min(cosines))
-    line = f"sentence-transformers: min cosine {worst:.6f} over {len(cosines)} embeddings"
+    padding = f" (texts padded to {padded_to} tokens, as the model card pads them)" if padded_to else ""
+    line = f"sentence-transformers{padding}: min cosine {worst:.6f} over {len(cosines)} embeddings"
     if int8:
         return line + " (int8 against fp32; the calibration above is the int8 check)"
     if not worst >= MIN_COSINE:

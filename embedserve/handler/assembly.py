@@ -123,6 +123,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         m3=model.m3,
         multi_vector=model.multi_vector is not None,
         towers=model.towers,
+        attention_mask=tokenizer.gives_attention_mask,
     )
     # bge-m3's sparse weights leave out the tokenizer's cls, eos, pad and unk tokens, as FlagEmbedding does.
     unused = frozenset(tokenizer.role_ids[role] for role in ("cls", "eos", "pad", "unk") if role in tokenizer.role_ids)

@@ -16,7 +16,7 @@ import pytest
 import requests
 from PIL import Image
 
-from tests.support.catalog import IMAGE_TEXT
+from tests.support.catalog import IMAGE_TEXT, SIGLIP
 from tests.support.client import worker_identities
 from tests.support.images import data_uri, image_file, photo, png_of_zeros
 
@@ -44,8 +44,8 @@ def pictures() -> list[tuple[Image.Image, bytes, str]]:
     return made
 
 
-def post(catalog, body, route="v1/embeddings"):
-    return requests.post(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/{route}", json=body,
+def post(catalog, body, route="v1/embeddings", model=IMAGE_TEXT):
+    return requests.post(f"{catalog.url('inference')}/predictions/{model}/1.0/{route}", json=body,
                          headers=catalog.auth(), timeout=120)
 
 
@@ -71,6 +71,35 @@ def test_images_and_texts_are_sentence_transformers_vectors_in_one_space(catalog
                         timeout=60).json()
     assert info["embedding_dimension"] == reference.get_embedding_dimension() == 16
     assert info["modalities"] == ["text", "image"] and info["image_limits"]["max_image_pixels"] == 40_000_000
+
+
+def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog, catalog_models):
+    """SigLIP pools the last of 64 padded positions: each text's vector is transformers'
+    get_text_features on the text padded to 64 (the model card's call), alone or beside a long
+    text; images are sentence-transformers' encode of the same PIL images."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = catalog_models[SIGLIP]
+    model, tokenizer = AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    texts = [*TEXTS, "a long caption of a photograph taken at dawn over a quiet harbour " * 4]
+    with torch.no_grad():
+        want = model.get_text_features(**tokenizer(texts, padding="max_length", max_length=64, truncation=True,
+                                                   return_tensors="pt")).pooler_output.numpy()
+    batched = post(catalog, {"input": texts}, model=SIGLIP)
+    assert batched.status_code == 200, batched.text
+    assert cosines([row["embedding"] for row in batched.json()["data"]], want).min() >= MIN_COSINE
+    alone = post(catalog, {"input": TEXTS[1]}, model=SIGLIP).json()["data"][0]["embedding"]
+    assert cosines([alone], want[1:2]).min() >= MIN_COSINE
+    images = pictures()
+    answer = post(catalog, {"input": [uri for _, _, uri in images], "modality": "image"}, model=SIGLIP)
+    assert answer.status_code == 200, answer.text
+    reference = SentenceTransformer(str(folder), device="cpu").encode([image for image, _, _ in images])
+    assert cosines([row["embedding"] for row in answer.json()["data"]], reference).min() >= MIN_COSINE
+    info = requests.get(f"{catalog.url('inference')}/predictions/{SIGLIP}/1.0/info", headers=catalog.auth(),
+                        timeout=60).json()
+    assert info["modalities"] == ["text", "image"] and info["embedding_dimension"] == 32
 
 
 def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, reference):

@@ -1,5 +1,5 @@
 """The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3), multi-vector (ColBERT) and
-image-text (CLIP) models, served by one real TorchServe built as a user builds them (the model and its name, one
+image-text (CLIP, SigLIP) models, served by one real TorchServe built as a user builds them (the model and its name, one
 worker each). The served tests of those outputs and their OpenAPI fuzzing share it
 (tests/conftest.py): a server of its own only where a test needs a server-wide property."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.image_models import make_clip
+from tests.support.image_models import make_clip, make_siglip
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
 from tests.support.sparse_models import make_inference_free, make_splade
@@ -18,6 +18,7 @@ SPARSE = (*SPARSE_SHAPES, "splade-free")  # and an inference-free model (queries
 HYBRID = "m3"
 MULTI_VECTOR = "colbert"
 IMAGE_TEXT = "clip"
+SIGLIP = "siglip"
 
 
 def make_catalog_models(root: Path) -> dict[str, Path]:
@@ -28,6 +29,7 @@ def make_catalog_models(root: Path) -> dict[str, Path]:
     models[HYBRID] = make_m3(root / "bge-m3")
     models[MULTI_VECTOR] = make_colbert(root / "colbert")
     models[IMAGE_TEXT] = make_clip(root / "clip")
+    models[SIGLIP] = make_siglip(root / "siglip")
     return models
 
 

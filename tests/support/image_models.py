@@ -7,6 +7,12 @@ published (quick_gelu, 77 text positions, 224-pixel images in 32-pixel patches, 
 which makes the text tower pool at the highest token id, as the published model does), and its
 `preprocessor_config.json` unchanged. Its tokenizer files were not found: the tiny WordPiece
 vocabulary of tests/support/tiny_model.py stands in.
+
+A SigLIP from transformers' SiglipConfig, whose defaults are google/siglip-base-patch16-224's
+architecture (its published files were not found): 64 text positions, every text padded to them,
+224-pixel images in 16-pixel patches, an attention-pooling head on the vision tower; the towers
+shrunk as CLIP's, the image processor SiglipImageProcessor's defaults (224 x 224, no crop, mean and
+std 0.5), the same tiny WordPiece vocabulary.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import BertTokenizerFast, CLIPConfig, CLIPModel
+from transformers import BertTokenizerFast, CLIPConfig, CLIPModel, SiglipConfig, SiglipImageProcessor, SiglipModel
 
 from tests.support import REPO
 from tests.support.tiny_model import _vocab
@@ -45,4 +51,20 @@ def make_clip(path: Path, seed: int = 0, full_size: bool = False) -> Path:
     model.save_pretrained(path)
     (path / "config.json").write_text(json.dumps(config, indent=2))  # as published, not as re-saved
     shutil.copy(CLIP_PUBLISHED / "preprocessor_config.json", path / "preprocessor_config.json")
+    return path
+
+
+def make_siglip(path: Path, seed: int = 0) -> Path:
+    """A plain transformers SiglipModel folder (config, weights, tokenizer, image processor) into
+    one 32-wide space (the vision tower's width, which the text head projects to)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
+    BertTokenizerFast.from_pretrained(path, model_max_length=64).save_pretrained(path)
+    tower = {key: value for key, value in TINY_TOWER.items() if key != "projection_dim"}
+    ids = {"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}  # the vocabulary's [PAD], [CLS], [SEP]
+    config = SiglipConfig(text_config={**tower, **ids, "vocab_size": len(_vocab()), "max_position_embeddings": 64},
+                          vision_config={**tower, "image_size": 224, "patch_size": 16})
+    torch.manual_seed(seed)
+    SiglipModel(config).eval().save_pretrained(path)
+    SiglipImageProcessor().save_pretrained(path)
     return path

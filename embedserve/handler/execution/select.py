@@ -73,6 +73,7 @@ class ModelParts:
     m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
     multi_vector: bool = False  # a vector per token (ColBERT): the head runs on every token
     towers: Towers | None = None  # an image-text model: texts and images through their own towers
+    attention_mask: bool = True  # the tokenizer gives the model one (a SigLIP tokenizer may not)
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Selection:
 def select_backend(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
     model_dir = Path(model_dir)
     if parts.towers:
-        return _towers(model_dir, settings, placement, parts.towers, parts.pad_id)
+        return _towers(model_dir, settings, placement, parts)
     engine, engine_reason = choose_engine(settings, placement, model_dir)
     default = Candidate(engine, placement.dtype)
     challengers, dtype_reason = bf16_challengers(settings, placement)
@@ -209,17 +210,18 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     return Selection(backend, dimension, placement, reasons)
 
 
-def _towers(model_dir: Path, settings: Settings, placement: Placement, towers: Towers, pad_id: int) -> Selection:
+def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
     """An image-text model's two towers over one torch model: texts in padded passes, images
     stacked. The other engines, layouts and CUDA graphs take text encoders only: asked for, they
     are a settings error; by default, torch in the placement's dtype (float32 on a CPU)."""
     if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
         raise ValueError(f"{towers.architecture} runs on the torch engine, padded, without int8 or compile: "
                          "handler settings 'engine', 'dtype' int8, 'packed' and 'compile' apply to text encoders")
+    towers = parts.towers
     placement = replace(placement, cuda_graphs=False, packed=False)
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
-    text = TextTower(model)
-    backend = PaddedBackend(text, modes=(), head=None, pad_id=pad_id, pad_multiple=placement.pad_multiple,
+    text = TextTower(model, length=towers.text_length, pad_id=parts.pad_id, masked=parts.attention_mask)
+    backend = PaddedBackend(text, modes=(), head=None, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
                             device=placement.device, facts={"engine": "torch", "attention": text.attention})
     images = VisionBackend(ImageTower(model), dtype=placement.dtype, device=placement.device)
     reasons = {"engine": f"torch: {towers.architecture}'s towers run in torch", "dtype": "the placement's",

@@ -186,14 +186,17 @@ class MultiVector:
 
 @dataclass(frozen=True)
 class Towers:
-    """An image-text dual encoder (CLIP; model/towers.py): a text and a vision tower projecting into one space."""
-    architecture: str  # CLIPModel
-    dimension: int  # the shared space's width (projection_dim)
+    """An image-text dual encoder (CLIP, SigLIP; model/towers.py): a text and a vision tower projecting into one space."""
+    architecture: str  # CLIPModel, SiglipModel
+    dimension: int  # the shared space's width
     text_positions: int  # the text tower's position table
     image_positions: int  # the patches the vision tower computes an image
+    text_length: int | None = None  # SigLIP's: every text padded to this length, its last position pooled
 
     @property
     def modules(self) -> list[str]:
+        if self.text_length:
+            return [f"TextTower(last of {self.text_length} padded positions, head)", "ImageTower(attention pooling head)"]
         return ["TextTower(end-of-text token, text_projection)", "ImageTower(class token, visual_projection)"]
 
 

@@ -69,6 +69,7 @@ class TextTokenizer:
         self.prefix, self.suffix = self._special_tokens_around()
         # Whether the model is given token types: only where the tokenizer hands them on.
         self.token_types = "token_type_ids" in (hf_tokenizer.model_input_names or ())
+        self.gives_attention_mask = "attention_mask" in (hf_tokenizer.model_input_names or ())
         self._truncating_copies: dict[tuple[int, str], Tokenizer] = {}
 
     def _ascii_backend(self, lowercase: bool) -> Tokenizer | None:

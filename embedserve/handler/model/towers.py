@@ -1,17 +1,23 @@
-"""Image-text dual encoders (CLIP): a text tower and a vision tower, each pooled its own way and
-projected into one shared space, so that a text and an image are compared by their vectors.
+"""Image-text dual encoders (CLIP, SigLIP and SigLIP 2's fixed-resolution models): a text tower and
+a vision tower, each pooled its own way into one shared space, so that a text and an image are
+compared by their vectors.
 
-What the folder says (`read_towers`): transformers' CLIPModel, as transformers saves it or as
-sentence-transformers 5.4+ saves it (one multimodal Transformer module in the folder itself,
-whose `encode` runs `get_text_features` on texts and `get_image_features` on images). How each
-tower runs (`TextTower`, `ImageTower`): transformers' own `get_text_features` (the end-of-text
-token's state through the text projection) and `get_image_features` (the class token's through
-the visual projection), so the vectors are the reference's by construction.
+What the folder says (`read_towers`): transformers' CLIPModel or SiglipModel, as transformers
+saves it or as sentence-transformers 5.4+ saves it (one multimodal Transformer module in the
+folder itself, whose `encode` runs `get_text_features` on texts and `get_image_features` on
+images). How each tower runs (`TextTower`, `ImageTower`): transformers' own `get_text_features`
+and `get_image_features`, so the vectors are the reference's by construction.
 
-Refused, saying why: SigLIP (its text tower reads the last of a fixed 64-token padding, which the
-padded passes here do not reproduce), ColPali-style page retrievers, and sentence-transformers'
-older layout with the model in a `0_CLIPModel` subfolder (build that subfolder itself: it is a
-plain CLIP folder).
+SigLIP's text tower pools the last position of a sequence padded to a fixed length (64 tokens,
+its position table): it was trained so, and its model card tokenizes with padding="max_length".
+A text's vector therefore depends on that padding, and the tower pads every pass to the full
+length itself (`TextTower.length`), whatever the planner cut. sentence-transformers pads a batch
+to its longest text unless the folder's `processing_kwargs` say otherwise, so its `encode` of a
+SigLIP text depends on the other texts of its batch; the vectors here are the model card's.
+
+Refused, saying why: SigLIP 2's variable-resolution models (Siglip2Model, NaFlex: a patch
+count per image), ColPali-style page retrievers, and sentence-transformers' older layout with the
+model in a `0_CLIPModel` subfolder (build that subfolder itself: it is a plain CLIP folder).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch
 
 from embedserve.handler.model.description import ModelFilesError, Towers
 
-SERVED = {"CLIPModel": "clip"}
+SERVED = {"CLIPModel": "clip", "SiglipModel": "siglip"}
 
 
 def read_towers(model_dir: Path, config: dict[str, Any]) -> Towers:
@@ -32,19 +38,25 @@ def read_towers(model_dir: Path, config: dict[str, Any]) -> Towers:
     model_type = config.get("model_type", "?")
     architecture = str((config.get("architectures") or [""])[0])
     if architecture not in SERVED or SERVED[architecture] != model_type:
-        why = ("its text tower reads the last position of a fixed 64-token padding, which these padded passes do "
-               "not reproduce" if model_type.startswith("siglip") else "only CLIPModel is served")
+        why = ("its variable-resolution (NaFlex) vision tower takes a patch count per image; SigLIP 2's "
+               "fixed-resolution models (SiglipModel) are served" if model_type == "siglip2"
+               else "CLIPModel and SiglipModel are served")
         raise ModelFilesError(f"'{model_type}' ({architecture or 'no architectures'}) is an image-text model that is "
                               f"not served: {why}; see docs/models.md")
     _check_modules(model_dir)
-    text, vision = config.get("text_config") or {}, config.get("vision_config") or {}
-    try:
-        patches = (int(vision["image_size"]) // int(vision["patch_size"])) ** 2
-        return Towers(architecture, int(config["projection_dim"]), int(text["max_position_embeddings"]), patches)
-    except (KeyError, TypeError, ValueError) as err:
-        raise ModelFilesError(f"{model_dir / 'config.json'}: a CLIP config needs projection_dim, "
-                              f"text_config.max_position_embeddings and vision_config's image_size and patch_size "
-                              f"({type(err).__name__}: {err})") from None
+    # transformers' reading of the config: published configs leave out the values that are its defaults.
+    from transformers import AutoConfig
+
+    read = AutoConfig.from_pretrained(model_dir)
+    text, vision = read.text_config, read.vision_config
+    patches = (vision.image_size // vision.patch_size) ** 2
+    if model_type == "clip":
+        return Towers(architecture, read.projection_dim, text.max_position_embeddings, patches)
+    if text.projection_size != vision.hidden_size:
+        raise ModelFilesError(f"{model_dir / 'config.json'}: the text tower projects to {text.projection_size} "
+                              f"dimensions, the vision tower's pooling gives {vision.hidden_size}: not one space")
+    return Towers(architecture, vision.hidden_size, text.max_position_embeddings, patches,
+                  text_length=text.max_position_embeddings)
 
 
 def _check_modules(model_dir: Path) -> None:
@@ -69,16 +81,39 @@ def _features(out: Any) -> torch.Tensor:
 
 
 class TextTower:
-    """(batch, seq) ids and attention mask -> (batch, dimension) projected text features."""
+    """(batch, seq) right-padded ids and attention mask -> (batch, dimension) projected text features.
 
-    def __init__(self, model: torch.nn.Module):
+    `length`: the fixed length the tower pads every pass to with `pad_id` (SigLIP's), None for
+    CLIP's, which reads the end-of-text token wherever it is. `masked`: whether the model sees the
+    attention mask, as it does where the folder's tokenizer returns one (transformers' SigLIP
+    tokenizers did not before 5.0: the padding was attended to)."""
+
+    def __init__(self, model: torch.nn.Module, *, length: int | None = None, pad_id: int = 0, masked: bool = True):
         self.model = model
         config = getattr(model, "_orig_mod", model).config
         self.attention = getattr(config, "_attn_implementation", None) or "eager"
+        self.length, self.pad_id, self.masked = length, pad_id, masked
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, segments: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        return _features(self.model.get_text_features(input_ids=ids, attention_mask=attention))
+        if self.length is not None:
+            ids, attention = padded_to(self.length, ids, attention, self.pad_id)
+        mask = attention if self.masked else None
+        return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
+
+
+def padded_to(length: int, ids: torch.Tensor, attention: torch.Tensor, pad_id: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (batch, seq) ids and mask, re-padded with `pad_id` to exactly `length`
+    positions (no text is longer: the tokenizer truncates to the position table)."""
+    rows, seq = ids.shape
+    if seq > length:  # a pass padded past the table (a pad multiple): only padding lies beyond it
+        return ids[:, :length].masked_fill(attention[:, :length] == 0, pad_id), attention[:, :length]
+    full = ids.new_full((rows, length), pad_id)
+    full[:, :seq] = ids.masked_fill(attention == 0, pad_id)
+    mask = attention.new_zeros((rows, length))
+    mask[:, :seq] = attention
+    return full, mask
 
 
 class ImageTower:

@@ -207,17 +207,31 @@ def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_
     assert "model/processor_config.json" in names and not any(name.endswith(".onnx") for name in names)
 
 
-def test_siglip_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_path, config, capsys):
+def test_a_siglip_folder_builds_checked_on_texts_padded_as_its_model_card_pads_them(tmp_path, config, capsys):
+    """SigLIP's text tower pools the last of 64 padded positions: the build checks the served texts
+    against sentence-transformers told to pad so (its default pads to the batch's longest text)."""
+    from tests.support.image_models import make_siglip
+
+    assert run_build(config, "--model", str(make_siglip(tmp_path / "siglip")), "--name", "siglip") == 0
+    err = capsys.readouterr().err
+    assert "an image-text model (SiglipModel: texts and images into one 32-wide space)" in err, err
+    assert "TextTower(last of 64 padded positions, head) -> ImageTower(attention pooling head)" in err
+    assert "sentence-transformers (texts padded to 64 tokens, as the model card pads them): min cosine" in err
+    assert "sentence-transformers, images: min cosine" in err
+
+
+def test_siglip2_naflex_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_path, config, capsys):
     import json
 
     from tests.support.image_models import make_clip
 
-    siglip = make_clip(tmp_path / "siglip")
-    settings = json.loads((siglip / "config.json").read_text())
-    (siglip / "config.json").write_text(json.dumps({**settings, "model_type": "siglip",
-                                                    "architectures": ["SiglipModel"]}))
-    assert run_build(config, "--model", str(siglip)) == 1
-    assert "fixed 64-token padding" in capsys.readouterr().err
+    naflex = make_clip(tmp_path / "siglip2")
+    settings = json.loads((naflex / "config.json").read_text())
+    (naflex / "config.json").write_text(json.dumps({**settings, "model_type": "siglip2",
+                                                    "architectures": ["Siglip2Model"]}))
+    assert run_build(config, "--model", str(naflex)) == 1
+    err = capsys.readouterr().err
+    assert "variable-resolution (NaFlex) vision tower" in err and "SiglipModel) are served" in err, err
     layered = make_clip(tmp_path / "layered")
     (layered / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "0_CLIPModel",
                                                       "type": "sentence_transformers.models.CLIPModel"}]))
