@@ -29,48 +29,55 @@ from __future__ import annotations
 from typing import Callable, Union
 
 import torch
-from transformers.masking_utils import (create_bidirectional_mask, create_bidirectional_sliding_window_mask,
-                                        create_causal_mask, create_sliding_window_causal_mask)
 
 # (batch, seq) mask of 1 and 0 -> what the model's forward takes as its mask: a (batch, 1, seq,
 # seq) mask, or a dict of them by layer type.
 MaskBuilder = Callable[[torch.Tensor], Union[torch.Tensor, dict]]
 
 
+def _masks():
+    """transformers' mask functions, imported with a torch model at hand: with this module they
+    cost every worker's start about 1.1 s of CPU (they import torch._dynamo), which a worker that
+    runs ONNX Runtime or OpenVINO never needs."""
+    from transformers import masking_utils
+
+    return masking_utils
+
+
 def _bidirectional(model: torch.nn.Module) -> MaskBuilder:
-    config, dtype = model.config, model.dtype
+    config, dtype, masks = model.config, model.dtype, _masks()
 
     def build(mask: torch.Tensor) -> torch.Tensor:
-        return create_bidirectional_mask(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask,
+        return masks.create_bidirectional_mask(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask,
                                          allow_is_bidirectional_skip=False)
 
     return build
 
 
 def _qwen3(model: torch.nn.Module) -> MaskBuilder:
-    config, dtype, sliding = model.config, model.dtype, model.has_sliding_layers
+    config, dtype, sliding, masks = model.config, model.dtype, model.has_sliding_layers, _masks()
 
     def build(mask: torch.Tensor) -> dict:
         embeds = _embeds(mask, dtype)
         positions = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)  # as its forward makes them
         common = dict(config=config, inputs_embeds=embeds, attention_mask=mask, cache=None, position_ids=positions,
                       allow_is_causal_skip=False)
-        masks = {"full_attention": create_causal_mask(**common)}
+        built = {"full_attention": masks.create_causal_mask(**common)}
         if sliding:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**common)
-        return masks
+            built["sliding_attention"] = masks.create_sliding_window_causal_mask(**common)
+        return built
 
     return build
 
 
 def _modernbert(model: torch.nn.Module) -> MaskBuilder:
-    config, dtype = model.config, model.dtype
+    config, dtype, masks = model.config, model.dtype, _masks()
 
     def build(mask: torch.Tensor) -> dict:
         common = dict(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask,
                       allow_is_bidirectional_skip=False)
-        return {"full_attention": create_bidirectional_mask(**common),
-                "sliding_attention": create_bidirectional_sliding_window_mask(**common)}
+        return {"full_attention": masks.create_bidirectional_mask(**common),
+                "sliding_attention": masks.create_bidirectional_sliding_window_mask(**common)}
 
     return build
 
@@ -78,7 +85,7 @@ def _modernbert(model: torch.nn.Module) -> MaskBuilder:
 def _gemma3(model: torch.nn.Module) -> MaskBuilder | None:
     from transformers.models.gemma3 import modeling_gemma3
 
-    config, dtype = model.config, model.dtype
+    config, dtype, masks = model.config, model.dtype, _masks()
     window_overlay = getattr(modeling_gemma3, "_bidirectional_window_overlay", None)
     if not getattr(config, "use_bidirectional_attention", False) or window_overlay is None:
         return None  # a causal Gemma3, or a transformers that builds its masks otherwise
@@ -88,8 +95,8 @@ def _gemma3(model: torch.nn.Module) -> MaskBuilder | None:
         common = dict(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask, cache=None,
                       position_ids=positions)
         everywhere = torch.ones((), dtype=torch.bool, device=mask.device)  # the forward's torch.tensor(True)
-        return {"full_attention": create_causal_mask(**common, or_mask_function=lambda *args: everywhere),
-                "sliding_attention": create_sliding_window_causal_mask(
+        return {"full_attention": masks.create_causal_mask(**common, or_mask_function=lambda *args: everywhere),
+                "sliding_attention": masks.create_sliding_window_causal_mask(
                     **common, or_mask_function=window_overlay(config.sliding_window))}
 
     return build

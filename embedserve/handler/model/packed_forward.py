@@ -43,13 +43,19 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
 
 from embedserve.handler.model.description import POOLING_MODES
 from embedserve.handler.worker.transfer import to_device
 
 # The architectures whose forward this module reproduces, by exact class: a subclass may change it.
-SUPPORTED = (BertModel, RobertaModel, XLMRobertaModel, MPNetModel)
+def supported() -> tuple[type, ...]:
+    """The encoders packed here. Imported when a model is at hand, not with this module: transformers'
+    modeling modules cost every worker's start about 1.7 s of CPU, which a worker that runs ONNX
+    Runtime or OpenVINO never needs."""
+    from transformers import BertModel, MPNetModel, RobertaModel, XLMRobertaModel
+
+    return BertModel, RobertaModel, XLMRobertaModel, MPNetModel
+
 
 VARLEN_FLASH = "varlen_flash"  # torch.nn.attention.varlen on CUDA
 GROUPED_SDPA = "grouped_sdpa"  # length-grouped padded scaled_dot_product_attention, any device
@@ -61,8 +67,8 @@ GROUP_LENGTH_RATIO = 0.7
 
 def packed_support(model: torch.nn.Module) -> str | None:
     """None if `model` can run packed; otherwise why not."""
-    if type(model) not in SUPPORTED:
-        return f"{type(model).__name__} is not one of {', '.join(cls.__name__ for cls in SUPPORTED)}"
+    if type(model) not in supported():
+        return f"{type(model).__name__} is not one of {', '.join(cls.__name__ for cls in supported())}"
     config = model.config
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         return "a decoder (causal or cross attention)"
@@ -221,6 +227,8 @@ def _mpnet_attention_output(attention: torch.nn.Module, context: torch.Tensor, r
 
 
 def _layers(model: torch.nn.Module) -> list[Layer]:
+    from transformers import MPNetModel
+
     if isinstance(model, MPNetModel):
         return [Layer(layer.attention.attn.q, layer.attention.attn.k, layer.attention.attn.v,
                       partial(_mpnet_attention_output, layer.attention), layer.intermediate, layer.output)
@@ -246,6 +254,8 @@ class PackedTransformer:
         embeddings = model.embeddings
         self.device = embeddings.word_embeddings.weight.device
         self.dtype = embeddings.word_embeddings.weight.dtype
+        from transformers import BertModel, MPNetModel
+
         # RoBERTa, XLM-R and MPNet count positions from padding_idx + 1, and skip padding ids.
         self.padding_idx = None if isinstance(model, BertModel) else embeddings.padding_idx
         self.position_bias = isinstance(model, MPNetModel)
