@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from embedserve.handler.backends.onnx_runtime import ONNX_FILE, OnnxTransformer
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower, OnnxTransformer
+from embedserve.handler.model.towers import ImageTower
 
 # The largest difference of a hidden state (any token, any unit) to torch that is accepted.
 MAX_ABS_DIFFERENCE = 1e-3
@@ -89,6 +90,51 @@ def export_onnx(model_dir: Path, max_positions: int | None, *, scoring: bool = F
         what = "logits" if scoring else "hidden states"
         return f"not used: its {what} differ from torch by {difference:.1e}; served by torch"
     return f"exported ({fusions}; max difference to torch {difference:.1e})"
+
+
+class _ImageFeatures(torch.nn.Module):
+    """An image-text model's vision tower as the worker runs it in torch (model/towers.py)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return ImageTower(self.model)(pixel_values)
+
+
+def export_vision_onnx(model_dir: Path) -> str:
+    """Write model_dir/vision.onnx, an image-text model's vision tower (pixel values to projected
+    image features, dynamic in batch), and return what was done, or why not (then no file: torch
+    serves the images). Checked against torch on random pixels, as the text export is."""
+    from transformers import AutoModel
+
+    target = model_dir / VISION_ONNX_FILE
+    try:
+        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32,
+                                          use_safetensors=True).eval()
+    except (ValueError, ImportError, OSError) as err:
+        return f"not exported (the model does not load with eager attention: {err}); images served by torch"
+    graph = _ImageFeatures(model)
+    size = int(model.config.vision_config.image_size)
+    probe = torch.randn((3, 3, size, size), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        expected = graph(probe)  # before the export, which may leave the model altered
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(graph, (probe[:2],), str(target), input_names=["pixel_values"],
+                              output_names=["image_embeds"],
+                              dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
+                              opset_version=17, dynamo=False)
+    except Exception as err:  # any exporter failure: torch serves the images
+        target.unlink(missing_ok=True)
+        return f"not exported ({type(err).__name__}: {str(err)[:200]}); images served by torch"
+    difference = float((OnnxImageTower(target, threads=1)(probe) - expected).abs().max())
+    if difference > MAX_ABS_DIFFERENCE:
+        target.unlink()
+        return f"not used: its image features differ from torch by {difference:.1e}; images served by torch"
+    return f"exported (max difference to torch {difference:.1e})"
 
 
 def trace_to_onnx(graph: torch.nn.Module, path: Path, segments: bool = False) -> None:

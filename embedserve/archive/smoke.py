@@ -62,7 +62,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     text_task = engine.text
     prompts = ", ".join(f"{name}={text!r}" for name, text in text_task.prompts.items()) or "none"
     lines = [
-        f"architecture: {info['architecture']} (engine: {info['engine']})",
+        f"architecture: {info['architecture']} (engine: {info['engine']}"
+        + (f"; images: {info['image_engine']})" if "image_engine" in info else ")"),
         f"pipeline: {' -> '.join(info['modules'])}",
         f"pooling: {info['pooling'] or OWN_HEAD}",
         f"prompts: {prompts}; default: {text_task.default_prompt!r}",

@@ -71,6 +71,7 @@ def test_images_and_texts_are_sentence_transformers_vectors_in_one_space(catalog
                         timeout=60).json()
     assert info["embedding_dimension"] == reference.get_embedding_dimension() == 16
     assert info["modalities"] == ["text", "image"] and info["image_limits"]["max_image_pixels"] == 40_000_000
+    assert info["engine"] == "torch" and info["image_engine"] == "onnxruntime"  # the vision tower's export
 
 
 def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog, catalog_models):

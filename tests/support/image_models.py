@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import BertTokenizerFast, CLIPConfig, CLIPModel, SiglipConfig, SiglipImageProcessor, SiglipModel
+from transformers import BertTokenizerFast, CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
 
 from tests.support import REPO
 from tests.support.tiny_model import _vocab
@@ -57,6 +57,7 @@ def make_clip(path: Path, seed: int = 0, full_size: bool = False) -> Path:
 def make_siglip(path: Path, seed: int = 0) -> Path:
     """A plain transformers SiglipModel folder (config, weights, tokenizer, image processor) into
     one 32-wide space (the vision tower's width, which the text head projects to)."""
+    from transformers import SiglipImageProcessor  # imported here: importing it warns where torchvision is absent
     path.mkdir(parents=True, exist_ok=True)
     (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
     BertTokenizerFast.from_pretrained(path, model_max_length=64).save_pretrained(path)

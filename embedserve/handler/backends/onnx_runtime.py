@@ -25,6 +25,8 @@ ONNX_FILE = "transformer.onnx"
 # The same graph with ONNX Runtime's dynamic int8 quantization, calibrated by the build
 # (embedserve/archive/int8_calibration.py).
 INT8_ONNX_FILE = "transformer.int8.onnx"
+# An image-text model's vision tower, pixel values to projected image features.
+VISION_ONNX_FILE = "vision.onnx"
 
 
 # ONNX Runtime's fused residual add + LayerNorm (SkipLayerNormalization) is slower on CPU than
@@ -45,34 +47,60 @@ class OnnxTransformer:
 
     def __init__(self, path: Path, threads: int, lend_threads: int = 0):
         self.path = Path(path)
-        # Own threads always; all the CPUs a worker may borrow, when lending is on.
-        self.sessions = {count: self._session(count, borrowed=count > threads)
-                         for count in sorted({threads, lend_threads} - {0})}
+        self.sessions = cpu_sessions(self.path, threads, lend_threads)
 
     @property
     def thread_counts(self) -> tuple[int, ...]:
         return tuple(self.sessions)
-
-    def _session(self, threads: int, borrowed: bool):
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        # On its own CPUs a worker's threads sleep between operators: the other worker, the
-        # frontend and the tokenizer need those cores. A pass on borrowed CPUs runs only while
-        # nobody else uses them, so there its threads spin from one operator to the next, and
-        # stop when the pass ends (spinning on after it slowed one client's requests 1.7x):
-        # one 16-token text took 5.2-5.7 instead of 6.6-7.0 ms, for the same CPU time.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if borrowed else "0")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        return load_session(self.path, options)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         session = for_threads(self.sessions, torch.get_num_threads())  # lending sets torch's count
         # The one output: last hidden states, or a scoring model's logits.
         return torch.from_numpy(session.run(None, graph_feed(input_ids, attention_mask, token_type_ids))[0])
+
+
+class OnnxImageTower:
+    """An image-text model's vision tower (its export by the build, archive/onnx_export.py):
+    (batch, channels, height, width) float32 pixel values in, (batch, dimension) projected image
+    features out. On a 2-core CPU it runs CLIP ViT-B/32 about 1.4x as fast as torch eager
+    (docs/performance.md); the text tower stays in torch."""
+
+    engine = "onnxruntime"
+
+    def __init__(self, path: Path, threads: int, lend_threads: int = 0):
+        self.sessions = cpu_sessions(Path(path), threads, lend_threads)
+
+    @property
+    def thread_counts(self) -> tuple[int, ...]:
+        return tuple(self.sessions)
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        session = for_threads(self.sessions, torch.get_num_threads())
+        feed = {"pixel_values": np.ascontiguousarray(pixels.numpy(), dtype=np.float32)}
+        return torch.from_numpy(session.run(None, feed)[0])
+
+
+def cpu_sessions(path: Path, threads: int, lend_threads: int) -> dict[int, onnxruntime.InferenceSession]:
+    """One session per thread count a pass may run with: its own threads always, all the CPUs a
+    worker may borrow when lending is on."""
+    return {count: _session(path, count, borrowed=count > threads) for count in sorted({threads, lend_threads} - {0})}
+
+
+def _session(path: Path, threads: int, borrowed: bool) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # On its own CPUs a worker's threads sleep between operators: the other worker, the
+    # frontend and the tokenizer need those cores. A pass on borrowed CPUs runs only while
+    # nobody else uses them, so there its threads spin from one operator to the next, and
+    # stop when the pass ends (spinning on after it slowed one client's requests 1.7x):
+    # one 16-token text took 5.2-5.7 instead of 6.6-7.0 ms, for the same CPU time.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if borrowed else "0")
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return load_session(path, options)
 
 
 def graph_feed(input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -1,4 +1,5 @@
-"""Images through an image-text model's vision tower (model/towers.py), in torch.
+"""Images through an image-text model's vision tower: torch's (model/towers.py), or its ONNX
+export on a CPU in float32 (backends/onnx_runtime.py).
 
 Every image is prepared to the same size (inputs/image.py), so a pass is a stack of pixel values
 and costs the same positions an image: the planner cuts passes by count and the token budget
@@ -13,6 +14,7 @@ import torch
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.backends.onnx_runtime import OnnxImageTower
 from embedserve.handler.model.towers import ImageTower
 from embedserve.handler.scheduling.planner import plan_sub_batches
 
@@ -23,7 +25,7 @@ class ImageInputs(NamedTuple):
 
 
 class VisionBackend:
-    def __init__(self, tower: ImageTower, *, dtype: torch.dtype, device: torch.device):
+    def __init__(self, tower: ImageTower | OnnxImageTower, *, dtype: torch.dtype, device: torch.device):
         self.tower = tower
         self.dtype = dtype
         self.device = device
@@ -43,7 +45,7 @@ class VisionBackend:
 
     @property
     def thread_counts(self) -> tuple[int, ...] | None:
-        return None
+        return getattr(self.tower, "thread_counts", None)  # ONNX Runtime's sessions are made per thread count
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "torch", "layout": "images stacked, one size", "cuda_graphs": 0}
+        return {"engine": self.tower.engine, "layout": "images stacked, one size", "cuda_graphs": 0}

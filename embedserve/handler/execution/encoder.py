@@ -230,8 +230,10 @@ class Encoder:
 
     def describe(self) -> dict[str, Any]:
         """How this encoder runs its passes, for /info: engine, padded or packed, the attention
-        kernel, how many CUDA graphs it replays (0: every pass runs eagerly)."""
-        return self.backend.describe()
+        kernel, how many CUDA graphs it replays (0: every pass runs eagerly); an image-text
+        model's image engine beside its text one."""
+        images = {"image_engine": self.images.describe()["engine"]} if self.images is not None else {}
+        return {**self.backend.describe(), **images}
 
     def embed(self, inputs: Sequence[ModelInput]) -> Embedded:
         """Model inputs (model/inputs.py) -> (items, dimension) float32 pooled vectors on the CPU,
@@ -247,7 +249,7 @@ class Encoder:
                 backend, indices = pending.pop(0)
                 prepared = backend.prepare([inputs[i] for i in indices])
                 try:
-                    with self._cpus_for_pass(backend.computed_tokens(prepared)) as pass_threads:
+                    with self._cpus_for_pass(backend.computed_tokens(prepared), backend) as pass_threads:
                         out.put(indices, backend.run(prepared))
                     threads = max(threads, pass_threads)
                 except Exception as err:
@@ -296,16 +298,17 @@ class Encoder:
             raise_classified(err)
 
     @contextmanager
-    def _cpus_for_pass(self, tokens: int) -> Iterator[int]:
-        """Run one pass of `tokens` computed tokens on this worker's CPUs, plus idle ones unless
-        the pass is long or too short to gain from them: one more for each lend_min_tokens of the
-        pass, as many as the backend's runtime can use. Yields the pass's CPU threads (0 on a GPU)."""
+    def _cpus_for_pass(self, tokens: int, backend: Backend) -> Iterator[int]:
+        """Run one pass of `tokens` computed tokens on `backend` on this worker's CPUs, plus idle
+        ones unless the pass is long or too short to gain from them: one more for each
+        lend_min_tokens of the pass, as many as the backend's runtime can use. Yields the pass's CPU
+        threads (0 on a GPU)."""
         own = self.placement.cpu_threads
         if self.lending is None or not self.lend_min_tokens <= tokens <= LEND_MAX_TOKENS:
             yield own
             return
         at_most = tokens // self.lend_min_tokens if self.lend_min_tokens else None
-        counts = self.backend.thread_counts  # None: any count
+        counts = backend.thread_counts  # None: any count
 
         def usable(free: int) -> int:
             return max(count for count in counts if count <= own + free) - own if counts else free

@@ -30,7 +30,8 @@ from transformers import AutoConfig
 
 from embedserve.handler.backends.base import Backend
 from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner
-from embedserve.handler.backends.onnx_runtime import ONNX_FILE, OnnxTransformer, onnx_file
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower, OnnxTransformer, \
+    onnx_file
 from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE as OPENVINO_PAD_MULTIPLE
 from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, openvino_available
 from embedserve.handler.backends.packed import PackedBackend
@@ -211,23 +212,33 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
 
 
 def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
-    """An image-text model's two towers over one torch model: texts in padded passes, images
-    stacked. The other engines, layouts and CUDA graphs take text encoders only: asked for, they
-    are a settings error; by default, torch in the placement's dtype (float32 on a CPU)."""
+    """An image-text model's two towers: texts in padded passes of the torch model, images stacked,
+    through the vision tower's ONNX export on a CPU in float32 where the build made one (faster
+    than torch eager there: backends/onnx_runtime.py), else through torch. The other engines,
+    layouts and CUDA graphs take text encoders only: asked for, they are a settings error."""
     if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
-        raise ValueError(f"{towers.architecture} runs on the torch engine, padded, without int8 or compile: "
-                         "handler settings 'engine', 'dtype' int8, 'packed' and 'compile' apply to text encoders")
+        raise ValueError(f"{parts.towers.architecture} runs on the torch engine (its vision tower on ONNX Runtime on "
+                         "a CPU), padded, without int8 or compile: handler settings 'engine' other than auto or "
+                         "torch, 'dtype' int8, 'packed' and 'compile' apply to text encoders")
     towers = parts.towers
     placement = replace(placement, cuda_graphs=False, packed=False)
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
     text = TextTower(model, length=towers.text_length, pad_id=parts.pad_id, masked=parts.attention_mask)
     backend = PaddedBackend(text, modes=(), head=None, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
                             device=placement.device, facts={"engine": "torch", "attention": text.attention})
-    images = VisionBackend(ImageTower(model), dtype=placement.dtype, device=placement.device)
-    reasons = {"engine": f"torch: {towers.architecture}'s towers run in torch", "dtype": "the placement's",
-               "layout": "padded texts; images stacked at one size", "cuda_graphs": "none: image-text towers run "
-               "eagerly"}
-    log.info("backend: %s in %s, images on its vision tower", backend.describe(), _name(placement.dtype))
+    exported = model_dir / VISION_ONNX_FILE
+    if settings.engine == "auto" and placement.device.type == "cpu" and placement.dtype == torch.float32 \
+            and exported.is_file():
+        tower: Any = OnnxImageTower(exported, placement.cpu_threads or 1, lend_threads=placement.lend_cpus)
+        engine = f"torch: {towers.architecture}'s text tower; its vision tower's ONNX export on ONNX Runtime"
+    else:
+        tower = ImageTower(model)
+        engine = f"torch: {towers.architecture}'s towers run in torch"
+    images = VisionBackend(tower, dtype=placement.dtype, device=placement.device)
+    reasons = {"engine": engine, "dtype": "the placement's", "layout": "padded texts; images stacked at one size",
+               "cuda_graphs": "none: image-text towers run eagerly"}
+    log.info("backend: %s in %s, images on its vision tower (%s)", backend.describe(), _name(placement.dtype),
+             tower.engine)
     return Selection(backend, towers.dimension, placement, reasons, images=images)
 
 

@@ -117,7 +117,10 @@ def padded_to(length: int, ids: torch.Tensor, attention: torch.Tensor, pad_id: i
 
 
 class ImageTower:
-    """(batch, channels, height, width) pixel values -> (batch, dimension) projected image features."""
+    """(batch, channels, height, width) pixel values -> (batch, dimension) projected image features.
+    (On a CPU in float32, its ONNX export runs instead where the build made one: OnnxImageTower.)"""
+
+    engine = "torch"
 
     def __init__(self, model: torch.nn.Module):
         self.model = model

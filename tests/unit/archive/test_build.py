@@ -189,8 +189,9 @@ def test_qwen3_reranker_as_published_is_refused_not_served_as_an_embedder(tmp_pa
 def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_and_images(tmp_path, config,
                                                                                            capsys):
     """A CLIP folder as sentence-transformers re-saves it (one multimodal Transformer module, its
-    image processor in processor_config.json): built with its image processor, no ONNX export, and
-    checked against sentence-transformers on texts and on images. (The folder as transformers saves
+    image processor in processor_config.json): built with its image processor and its vision tower's
+    ONNX export (the text tower runs in torch), and checked against sentence-transformers on texts and
+    on images, the images through the export. (The folder as transformers saves
     it is the session catalog's build, tests/support/catalog.py, and docs/models.md's.)"""
     from sentence_transformers import SentenceTransformer
     from tests.support.image_models import make_clip
@@ -202,9 +203,12 @@ def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_
     err = capsys.readouterr().err
     assert "an image-text model (CLIPModel: texts and images into one 16-wide space)" in err, err
     assert "sentence-transformers: min cosine" in err and "sentence-transformers, images: min cosine" in err
+    assert "ONNX Runtime (the CPU engine of its vision tower): exported (max difference to torch" in err, err
+    assert "(engine: torch; images: onnxruntime)" in err
     with zipfile.ZipFile(config.parent / "store" / "clip.mar") as archive:
         names = archive.namelist()
-    assert "model/processor_config.json" in names and not any(name.endswith(".onnx") for name in names)
+    assert "model/processor_config.json" in names and [name for name in names if name.endswith(".onnx")] == [
+        "model/vision.onnx"]
 
 
 def test_a_siglip_folder_builds_checked_on_texts_padded_as_its_model_card_pads_them(tmp_path, config, capsys):
@@ -212,12 +216,14 @@ def test_a_siglip_folder_builds_checked_on_texts_padded_as_its_model_card_pads_t
     against sentence-transformers told to pad so (its default pads to the batch's longest text)."""
     from tests.support.image_models import make_siglip
 
-    assert run_build(config, "--model", str(make_siglip(tmp_path / "siglip")), "--name", "siglip") == 0
+    assert run_build(config, "--model", str(make_siglip(tmp_path / "siglip")), "--name", "siglip",
+                     "--set", "engine=torch") == 0
     err = capsys.readouterr().err
     assert "an image-text model (SiglipModel: texts and images into one 32-wide space)" in err, err
     assert "TextTower(last of 64 padded positions, head) -> ImageTower(attention pooling head)" in err
     assert "sentence-transformers (texts padded to 64 tokens, as the model card pads them): min cosine" in err
     assert "sentence-transformers, images: min cosine" in err
+    assert "(engine: torch; images: torch)" in err and "vision tower" not in err  # engine=torch: no export
 
 
 def test_siglip2_naflex_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_path, config, capsys):
