@@ -226,6 +226,46 @@ def test_a_siglip_folder_builds_checked_on_texts_padded_as_its_model_card_pads_t
     assert "(engine: torch; images: torch)" in err and "vision tower" not in err  # engine=torch: no export
 
 
+def test_a_vision_tower_that_does_not_export_is_served_by_torch(tmp_path, config, capsys, monkeypatch):
+    """The exporter failing (here made to fail) costs the ONNX engine, not the build: images then
+    run on torch's tower, checked against sentence-transformers all the same."""
+    from tests.support.image_models import make_clip
+
+    def failing_export(*args, **kwargs):
+        raise RuntimeError("an operator the exporter does not know")
+
+    monkeypatch.setattr(torch.onnx, "export", failing_export)
+    assert run_build(config, "--model", str(make_clip(tmp_path / "clip")), "--name", "clip") == 0
+    err = capsys.readouterr().err
+    assert "vision tower): not exported (RuntimeError: an operator the exporter does not know); images served by " \
+           "torch" in err, err
+    assert "(engine: torch; images: torch)" in err and "sentence-transformers, images: min cosine" in err
+    with zipfile.ZipFile(config.parent / "store" / "clip.mar") as archive:
+        assert not any(name.endswith(".onnx") for name in archive.namelist())
+
+
+def test_a_siglip_tokenizer_without_a_mask_is_served_as_transformers_runs_it(tmp_path):
+    """A tokenizer whose model inputs are the ids alone (as SigLIP's were before transformers 5):
+    the text tower attends to the padding, as get_text_features on those ids does."""
+    import numpy as np
+
+    from embedserve.archive.smoke import _answer
+    from transformers import AutoModel, AutoTokenizer
+    from tests.support.image_models import make_siglip
+
+    folder = make_siglip(tmp_path / "siglip")
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "model_input_names": ["input_ids"]}))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.model_input_names == ["input_ids"]
+    texts = ["two dogs", "a red cat on a mat"]
+    with torch.no_grad():
+        ids = tokenizer(texts, padding="max_length", max_length=64, return_tensors="pt")
+        want = AutoModel.from_pretrained(folder).eval().get_text_features(**ids).pooler_output.numpy()
+    got = np.array([row["embedding"] for row in _answer(make_engine(folder), {"input": texts, "normalize": False})["data"]])
+    assert np.abs(got - want).max() < 1e-5
+
+
 def test_siglip2_naflex_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_path, config, capsys):
     import json
 
