@@ -41,32 +41,9 @@ def onnx_file(int8: bool) -> str:
     return INT8_ONNX_FILE if int8 else ONNX_FILE
 
 
-class OnnxTransformer:
-    """(batch, sequence) ids and attention mask in (token types too where exported), (batch,
-    sequence, hidden) float32 states out, or a scoring model's (batch, labels) logits."""
-
-    def __init__(self, path: Path, threads: int, lend_threads: int = 0):
-        self.path = Path(path)
-        self.sessions = cpu_sessions(self.path, threads, lend_threads)
-
-    @property
-    def thread_counts(self) -> tuple[int, ...]:
-        return tuple(self.sessions)
-
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        session = for_threads(self.sessions, torch.get_num_threads())  # lending sets torch's count
-        # The one output: last hidden states, or a scoring model's logits.
-        return torch.from_numpy(session.run(None, graph_feed(input_ids, attention_mask, token_type_ids))[0])
-
-
-class OnnxImageTower:
-    """An image-text model's vision tower (its export by the build, archive/onnx_export.py):
-    (batch, channels, height, width) float32 pixel values in, (batch, dimension) projected image
-    features out. On a 2-core CPU it runs CLIP ViT-B/32 about 1.4x as fast as torch eager
-    (docs/performance.md); the text tower stays in torch."""
-
-    engine = "onnxruntime"
+class _ThreadSessions:
+    """A graph's ONNX Runtime sessions, one per thread count a pass may run with (`cpu_sessions`),
+    and the one for the pass now: lending sets torch's thread count."""
 
     def __init__(self, path: Path, threads: int, lend_threads: int = 0):
         self.sessions = cpu_sessions(Path(path), threads, lend_threads)
@@ -75,10 +52,31 @@ class OnnxImageTower:
     def thread_counts(self) -> tuple[int, ...]:
         return tuple(self.sessions)
 
+    def _session_now(self) -> onnxruntime.InferenceSession:
+        return for_threads(self.sessions, torch.get_num_threads())
+
+
+class OnnxTransformer(_ThreadSessions):
+    """(batch, sequence) ids and attention mask in (token types too where exported), (batch,
+    sequence, hidden) float32 states out, or a scoring model's (batch, labels) logits."""
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # The one output: last hidden states, or a scoring model's logits.
+        return torch.from_numpy(self._session_now().run(None, graph_feed(input_ids, attention_mask, token_type_ids))[0])
+
+
+class OnnxImageTower(_ThreadSessions):
+    """An image-text model's vision tower (its export by the build, archive/onnx_export.py):
+    (batch, channels, height, width) float32 pixel values in, (batch, dimension) projected image
+    features out. On a 2-core CPU it runs CLIP ViT-B/32 about 1.4x as fast as torch eager
+    (docs/performance.md); the text tower stays in torch."""
+
+    engine = "onnxruntime"
+
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        session = for_threads(self.sessions, torch.get_num_threads())
         feed = {"pixel_values": np.ascontiguousarray(pixels.numpy(), dtype=np.float32)}
-        return torch.from_numpy(session.run(None, feed)[0])
+        return torch.from_numpy(self._session_now().run(None, feed)[0])
 
 
 def cpu_sessions(path: Path, threads: int, lend_threads: int) -> dict[int, onnxruntime.InferenceSession]:

@@ -13,8 +13,8 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from embedserve.handler.backends.base import PassCost
-from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.backends.onnx_runtime import OnnxImageTower
+from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.towers import ImageTower
 from embedserve.handler.scheduling.planner import plan_sub_batches
 

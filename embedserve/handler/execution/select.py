@@ -216,11 +216,11 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
     through the vision tower's ONNX export on a CPU in float32 where the build made one (faster
     than torch eager there: backends/onnx_runtime.py), else through torch. The other engines,
     layouts and CUDA graphs take text encoders only: asked for, they are a settings error."""
+    towers = parts.towers
     if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
-        raise ValueError(f"{parts.towers.architecture} runs on the torch engine (its vision tower on ONNX Runtime on "
+        raise ValueError(f"{towers.architecture} runs on the torch engine (its vision tower on ONNX Runtime on "
                          "a CPU), padded, without int8 or compile: handler settings 'engine' other than auto or "
                          "torch, 'dtype' int8, 'packed' and 'compile' apply to text encoders")
-    towers = parts.towers
     placement = replace(placement, cuda_graphs=False, packed=False)
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
     text = TextTower(model, length=towers.text_length, pad_id=parts.pad_id, masked=parts.attention_mask)

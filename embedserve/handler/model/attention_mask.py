@@ -49,7 +49,7 @@ def _bidirectional(model: torch.nn.Module) -> MaskBuilder:
 
     def build(mask: torch.Tensor) -> torch.Tensor:
         return masks.create_bidirectional_mask(config=config, inputs_embeds=_embeds(mask, dtype), attention_mask=mask,
-                                         allow_is_bidirectional_skip=False)
+                                               allow_is_bidirectional_skip=False)
 
     return build
 

@@ -67,8 +67,9 @@ GROUP_LENGTH_RATIO = 0.7
 
 def packed_support(model: torch.nn.Module) -> str | None:
     """None if `model` can run packed; otherwise why not."""
-    if type(model) not in supported():
-        return f"{type(model).__name__} is not one of {', '.join(cls.__name__ for cls in supported())}"
+    classes = supported()
+    if type(model) not in classes:
+        return f"{type(model).__name__} is not one of {', '.join(cls.__name__ for cls in classes)}"
     config = model.config
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         return "a decoder (causal or cross attention)"
