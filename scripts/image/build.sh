@@ -69,6 +69,9 @@ fi
 wheels_done=$(date +%s)
 
 echo "building $image on $base with $ENGINE ..." >&2
+# The image this tag names now: once the new build takes the tag it would stay behind untagged,
+# 1.3 GB a build, until the engine's storage fills (removed below when nothing else names it).
+replaced=$(engine image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)
 # Podman needs the ignore file named; docker reads Dockerfile.dockerignore beside the Dockerfile.
 ignore=(); [[ "$ENGINE" == podman ]] && ignore=(--ignorefile "$context/deploy/container/Dockerfile.dockerignore")
 cache=(); [[ -n "${NO_CACHE:-}" ]] && cache=(--no-cache)
@@ -93,6 +96,11 @@ if [[ -n "$found" ]]; then
   echo "error: the image carries Python bytecode caches; removed it:" >&2; echo "$found" >&2; exit 1
 fi
 
+new_id=$(engine image inspect --format '{{.Id}}' "$image")
+if [[ -n "$replaced" && "$replaced" != "$new_id" ]] \
+   && [[ -z "$(engine image inspect --format '{{join .RepoTags ""}}' "$replaced" 2>/dev/null)" ]]; then
+  engine rmi "$replaced" >/dev/null 2>&1 || true  # a container still running it keeps it
+fi
 size=$(engine image inspect --format '{{.Size}}' "$image")
 cat > "$work/last.json" <<JSON
 {"image": "$image", "base": "$base", "engine": "$ENGINE", "size_bytes": $size,
