@@ -144,7 +144,8 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
-    images = ImageReader(ImagePreparation(model_dir, model.towers.image_positions)) if model.towers else None
+    images = ImageReader(ImagePreparation(model_dir, model.towers.image_positions), url_hosts=settings.image_url_hosts,
+                         url_timeout_s=settings.image_url_timeout_s) if model.towers else None
     text = EmbedTask(checks, prompts=model.prompts, default_prompt=default_prompt,
                      include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes, images=images)
     work: TaskSlice = text

@@ -122,6 +122,12 @@ class Settings:
     redis_ttl_s: int = 86_400
     redis_timeout_ms: int = 100
     redis_retry_s: int = 10
+    # An image-text model's image items that are http(s) URLs are fetched from these hosts alone
+    # ("images.internal", or "images.internal:8080" for that port alone); none by default, so that
+    # no request makes the server reach into its network. All of a request's URLs are fetched
+    # within image_url_timeout_s (embedserve/handler/inputs/image_urls.py).
+    image_url_hosts: tuple[str, ...] = ()
+    image_url_timeout_s: int = 10
     # What /info reports; written by the build.
     model_id: str = ""
     revision: str = ""
@@ -170,6 +176,12 @@ class Settings:
         if self.redis_retry_s < 0:
             raise SettingsError("redis_retry_s", "must be >= 0")
         check_redis_url("redis_url", self.redis_url)
+        for host in self.image_url_hosts:
+            if not isinstance(host, str) or not host or any(mark in host for mark in ("/", "@", " ", "*")):
+                raise SettingsError("image_url_hosts", f"{host!r} is not a host name, or host:port (no scheme, "
+                                    "path or wildcard)")
+        if self.image_url_timeout_s < 1:
+            raise SettingsError("image_url_timeout_s", "must be >= 1")
 
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

@@ -2,7 +2,8 @@
 openai/clip-vit-base-patch32's published config and image processor, tests/support/image_models.py),
 built as a user builds the folder, against sentence-transformers' `encode` of the same texts and PIL
 images; the real `openai` client sending image items as Infinity's clients do (`modality`); and bad
-images answered alone, the rest of their batch served."""
+images answered alone, the rest of their batch served; texts and images in one request as Jina's
+item objects; image URLs fetched from the hosts the build names alone."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from PIL import Image
 
 from tests.support.catalog import IMAGE_TEXT, SIGLIP
 from tests.support.client import worker_identities
+from tests.support.image_host import image_host
 from tests.support.images import data_uri, image_file, photo, png_of_zeros
 
 pytestmark = pytest.mark.integration
@@ -114,7 +116,7 @@ def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, refere
     with pytest.raises(openai.BadRequestError) as refused:
         client.embeddings.create(model=IMAGE_TEXT, input=["https://example.com/cat.png"],
                                  extra_body={"modality": "image"})
-    assert "fetches no URL" in str(refused.value)
+    assert "does not fetch from" in str(refused.value)  # the host is not one image_url_hosts names
 
 
 def test_cohere_s_client_embeds_images_and_texts_unchanged(catalog, reference):
@@ -146,7 +148,7 @@ BAD_IMAGES = {
     "a decompression bomb": (data_uri(png_of_zeros(10_000, 10_000)), 413, "max_image_pixels=40000000"),
     "absurd sides": (data_uri(png_of_zeros(5_000, 1)), 400, "max_aspect_ratio=100"),
     "a text media type": ("data:text/plain;base64,aGVsbG8=", 400, "an image item is one of image/png"),
-    "a URL": ("http://169.254.169.254/latest/meta-data", 400, "fetches no URL"),
+    "a URL of a host not named": ("http://169.254.169.254/latest/meta-data", 400, "image_url_hosts setting names"),
 }
 
 
@@ -178,3 +180,79 @@ def test_options_that_do_not_apply_to_images_are_refused(catalog):
         answer = requests.post(f"{catalog.url('inference')}/predictions/{model}", headers=catalog.auth(), timeout=60,
                                json={"input": image, "modality": "image"})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "modality", (model, answer.text)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_texts_and_images_in_one_request_as_jina_s_item_objects(catalog, reference):
+    """Jina's embeddings API shape: {"text"} and {"image"} objects (a data URI, or bare base64) and
+    the older {"bytes"} in one request, a plain string beside them a text; each vector the
+    reference's for its item, in order, on the OpenAI and native routes."""
+    (first, _, first_uri), (second, second_file, _), (third, third_file, _) = pictures()
+    items = [{"text": TEXTS[0]}, {"image": first_uri}, {"image": b64(second_file)}, TEXTS[1], {"bytes": b64(third_file)}]
+    texts, images = reference.encode([TEXTS[0], TEXTS[1]]), reference.encode([first, second, third])
+    want = [texts[0], images[0], images[1], texts[1], images[2]]
+    for route in ("v1/embeddings", ""):
+        answer = requests.post(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/{route}".rstrip("/"),
+                               json={"model": IMAGE_TEXT, "input": items}, headers=catalog.auth(), timeout=120)
+        assert answer.status_code == 200, answer.text
+        rows = answer.json()["data"]
+        assert [row["index"] for row in rows] == list(range(5))
+        assert cosines([row["embedding"] for row in rows], want).min() >= MIN_COSINE, route
+
+
+BAD_OBJECTS = {
+    "an image that is a number": ({"image": 123}, 400, "input[1].image"),
+    "two kinds in one object": ({"text": "a", "image": "b"}, 400, "input[1]"),
+    "a kind not served": ({"video": "data:video/mp4;base64,AAAA"}, 400, "input[1]"),
+    "bare base64 that is no image": ({"image": b64(b"plain bytes, no image" * 8)}, 400, "input[1]"),
+    "a URL under bytes": ({"bytes": "http://127.0.0.1/cat.png"}, 400, "input[1].bytes"),
+    "an empty text": ({"text": ""}, 400, "input[1].text"),
+}
+
+
+def test_each_bad_item_object_is_refused_naming_it_and_its_batch_is_served(catalog, reference):
+    pids = worker_identities(catalog, IMAGE_TEXT)
+    good = pictures()[0]
+    bodies = [{"input": [{"image": good[2]}, item]} for item, _, _ in BAD_OBJECTS.values()]
+    bodies += [{"input": [{"image": good[2]}], "modality": "image"},  # objects say their kind: no modality
+               *[{"input": [{"image": good[2]}, {"text": TEXTS[0]}]}] * 3]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda body: post(catalog, body), bodies))
+    for (name, (_, status, param)), answer in zip(BAD_OBJECTS.items(), answers):
+        assert answer.status_code == status and answer.json()["error"]["param"] == param, (name, answer.text)
+    assert answers[len(BAD_OBJECTS)].json()["error"]["param"] == "modality"
+    want = [reference.encode([good[0]])[0], reference.encode([TEXTS[0]])[0]]
+    for answer in answers[len(BAD_OBJECTS) + 1:]:
+        assert answer.status_code == 200 and cosines([row["embedding"] for row in answer.json()["data"]],
+                                                     want).min() >= MIN_COSINE
+    # A model that reads texts alone refuses an image object, naming it.
+    answer = requests.post(f"{catalog.url('inference')}/predictions/m3", headers=catalog.auth(), timeout=60,
+                           json={"input": [{"text": "a"}, {"image": good[2]}]})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input[1]", answer.text
+    assert worker_identities(catalog, IMAGE_TEXT) == pids
+
+
+def test_image_urls_are_fetched_from_the_hosts_the_build_names_and_no_others(catalog, reference):
+    """The catalog's CLIP is built with image_url_hosts=[127.0.0.1]: its worker fetches images
+    from a real HTTP server there, as item objects or under "modality": "image"; a redirect and a
+    404 are refused naming the item. SigLIP, built with the default, fetches nothing."""
+    picture, data, _ = pictures()[0]
+    with image_host({"/cat.png": ("image/png", data), "/cat.bin": ("application/octet-stream", data)}) as host:
+        items = [{"image": host.url("/cat.png")}, {"url": host.url("/cat.bin")}, {"text": TEXTS[0]}]
+        answer = post(catalog, {"input": items})
+        assert answer.status_code == 200, answer.text
+        want = [*reference.encode([picture, picture]), reference.encode([TEXTS[0]])[0]]
+        assert cosines([row["embedding"] for row in answer.json()["data"]], want).min() >= MIN_COSINE
+        infinity = post(catalog, {"input": [host.url("/cat.png")], "modality": "image"})
+        assert cosines([infinity.json()["data"][0]["embedding"]], want[:1])[0] >= MIN_COSINE
+        for path, words in (("/moved", "redirects to"), ("/missing.png", "HTTP 404")):
+            refused = post(catalog, {"input": [{"image": data_uri(data)}, {"image": host.url(path)}]})
+            assert refused.status_code == 400 and words in refused.text, refused.text
+            assert refused.json()["error"]["param"] == "input[1]"
+        fetched = len(host.requests)
+        refused = post(catalog, {"input": [host.url("/cat.png")], "modality": "image"}, model=SIGLIP)
+        assert refused.status_code == 400 and "fetches no URL" in refused.text, refused.text
+        assert len(host.requests) == fetched  # nothing reached the host

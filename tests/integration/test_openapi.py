@@ -142,9 +142,10 @@ def spans_beyond_the_schema(response) -> bool:
 
 
 # What the server finds in an image's bytes (embedserve/handler/inputs/image.py decodes them): the
-# data URI's form is the document's, what its base64 holds no schema can say.
+# data URI's form is the document's, what its base64 holds no schema can say; nor what fetching an
+# allowed host's URL meets (inputs/image_urls.py: no answer, an error status, a redirect).
 IMAGE_CONTENT = ("is not valid base64", "is not a readable", "truncated or corrupt", "max_image_bytes",
-                 "max_image_pixels", "max_aspect_ratio")
+                 "max_image_pixels", "max_aspect_ratio", ": fetching ")
 
 
 def image_beyond_the_schema(response) -> bool:

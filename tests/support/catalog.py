@@ -33,5 +33,11 @@ def make_catalog_models(root: Path) -> dict[str, Path]:
     return models
 
 
+# The CLIP fetches image URLs from loopback, where the tests serve images (tests/support/image_host.py);
+# the others keep the default: no URL fetched.
+BUILD_SETTINGS = {IMAGE_TEXT: ["--set", "image_url_hosts=[127.0.0.1]"]}
+
+
 def catalog_builds(models: dict[str, Path]) -> list[list[str]]:
-    return [["--model", str(path), "--name", name, "--workers", "1"] for name, path in models.items()]
+    return [["--model", str(path), "--name", name, "--workers", "1", *BUILD_SETTINGS.get(name, [])]
+            for name, path in models.items()]

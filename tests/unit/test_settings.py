@@ -38,6 +38,11 @@ def test_yaml_string_spellings_are_accepted():
         ({"pass_overhead_tokens": -1}, "pass_overhead_tokens"),
         ({"model_path": ""}, "model_path"),
         ({"model_path": 3}, "model_path"),
+        ({"image_url_hosts": ["http://images.internal"]}, "image_url_hosts"),
+        ({"image_url_hosts": ["images.internal/cats"]}, "image_url_hosts"),
+        ({"image_url_hosts": ["*.internal"]}, "image_url_hosts"),
+        ({"image_url_hosts": "images.internal"}, "image_url_hosts"),
+        ({"image_url_timeout_s": 0}, "image_url_timeout_s"),
     ],
 )
 def test_bad_setting_names_its_key(section, key):
@@ -64,3 +69,9 @@ def test_graphs_and_packed_passes_are_on_where_a_gpu_serves(key):
         assert switch(resolved, on_gpu=True) is expected and switch(resolved, on_gpu=False) is expected
     with pytest.raises(SettingsError, match=key):
         Settings.from_mapping({key: "sometimes"})
+
+
+def test_image_url_hosts_are_none_by_default_and_hosts_or_host_ports():
+    assert Settings().image_url_hosts == ()
+    hosts = Settings.from_mapping({"image_url_hosts": ["images.internal", "127.0.0.1:9000"]}).image_url_hosts
+    assert hosts == ("images.internal", "127.0.0.1:9000")

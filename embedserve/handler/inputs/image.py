@@ -1,8 +1,10 @@
 """The image kind: an image item of a request's body read, checked and decoded, guarded.
 
 Reading: an item is a data URI, `data:<media type>[;...];base64,<data>`, of a media type in
-MEDIA_TYPES. A URL is refused: the server fetches nothing a request names, so that it is never
-a way into the network it sits in.
+MEDIA_TYPES; where the item says itself that it is an image (Jina's `{"image": ...}`), bare
+base64 of an image file too, its format read from its bytes. An http(s) URL is fetched only from
+the hosts the server's `image_url_hosts` names (inputs/image_urls.py); by default from none, so
+that the server is never a way into the network it sits in. Other URL schemes are refused.
 
 Limits (ImageLimits, checked where the model is known: reading an item checks its form only),
 each refused with the item and the limit named, before the work it bounds:
@@ -41,12 +43,14 @@ from PIL import Image, UnidentifiedImageError
 
 from embedserve.handler.api.codec import json_type, short
 from embedserve.handler.api.errors import RequestError, empty, malformed, too_large, unprocessable
+from embedserve.handler.inputs.image_urls import ImageUrls
 from embedserve.handler.model.inputs import ModelInput
 
 # The media types an image item may have, and the Pillow format each must decode as.
 MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF",
                "image/bmp": "BMP"}
-URL_SCHEMES = ("http://", "https://", "ftp://", "file:", "s3://", "gs://")
+URL_SCHEMES = ("http://", "https://")  # fetched from the hosts image_url_hosts names
+OTHER_SCHEMES = ("ftp://", "file:", "s3://", "gs://")  # never fetched
 
 
 @dataclass(frozen=True)
@@ -61,19 +65,35 @@ class ImageLimits:
 
 @dataclass(frozen=True)
 class EncodedImage:
-    """An image item as sent: its media type and its base64 text (decoded under the limits)."""
+    """An image item as sent: its media type ("": the format its bytes are) and its base64 text
+    (decoded under the limits)."""
     media_type: str
     base64: str
 
 
-def read_image(value: Any, param: str) -> EncodedImage:
-    """An image item: a data URI of an image media type, base64-encoded."""
+@dataclass(frozen=True)
+class ImageUrl:
+    """An image item that names an http(s) URL, fetched only where image_url_hosts names its host."""
+    url: str
+
+
+def read_image(value: Any, param: str, bare_base64: bool = False) -> EncodedImage | ImageUrl:
+    """An image item: a data URI of an image media type, base64-encoded, or an http(s) URL; with
+    `bare_base64` (an item that says it is an image), base64 of an image file alone too."""
     if not isinstance(value, str):
         raise malformed(f"'{param}' must be an image as a data URI string (data:image/png;base64,...), got "
                         f"{json_type(value)}", param=param)
-    if value.lower().startswith(URL_SCHEMES):
-        raise unprocessable(f"'{param}' is a URL; the server fetches no URL a request names: send the image itself "
-                            "as a data URI (data:image/png;base64,...)", param=param)
+    lowered = value.lower()
+    if lowered.startswith(URL_SCHEMES):
+        return ImageUrl(value)
+    if lowered.startswith(OTHER_SCHEMES):
+        raise unprocessable(f"'{param}' is a {value.split(':', 1)[0]} URL; the server fetches http and https URLs "
+                            "alone, of the hosts its image_url_hosts setting names: send the image itself as a data "
+                            "URI (data:image/png;base64,...)", param=param)
+    if bare_base64 and not lowered.startswith("data:"):
+        if not value:
+            raise empty(f"'{param}' holds no image bytes", param=param)
+        return EncodedImage("", value)
     header, comma, payload = value.partition(",")
     if not header.lower().startswith("data:") or not comma:
         raise malformed(f"'{param}' must be a data URI (data:image/png;base64,...), got {short(value[:64])}",
@@ -112,21 +132,27 @@ def check_count(images: int, field: str, limits: ImageLimits) -> None:
 
 
 def decode_image(image: EncodedImage, param: str, limits: ImageLimits) -> Image.Image:
-    """The image's pixels as RGB, after its header passed the limits. Decode and prepare one image
-    at a time: a decoded image takes width x height x 3 bytes (120 MB at the pixel limit), its
-    prepared pixel values a vision tower's input (224 x 224 x 3 floats for CLIP)."""
-    expected = MEDIA_TYPES[image.media_type]
-    data = image_bytes(image, param, limits)
+    """The image's pixels as RGB, after its header passed the limits."""
+    return decode_bytes(image_bytes(image, param, limits), image.media_type, param, limits)
+
+
+def decode_bytes(data: bytes, media_type: str, param: str, limits: ImageLimits) -> Image.Image:
+    """An image file's pixels as RGB, held to its media type's format ("": any of MEDIA_TYPES'),
+    after its header passed the limits. Decode and prepare one image at a time: a decoded image
+    takes width x height x 3 bytes (120 MB at the pixel limit), its prepared pixel values a vision
+    tower's input (224 x 224 x 3 floats for CLIP)."""
+    formats = [MEDIA_TYPES[media_type]] if media_type else list(MEDIA_TYPES.values())
     with warnings.catch_warnings():
         # Pillow warns past its own threshold; the pixel limit below refuses such images first.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            opened = Image.open(io.BytesIO(data), formats=[expected])
+            opened = Image.open(io.BytesIO(data), formats=formats)
         except Image.DecompressionBombError:
             raise _too_many_pixels(param, None, limits) from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-            raise unprocessable(f"'{param}' is not a readable {image.media_type} image{_what_it_is(data)}",
-                                param=param) from None
+            what = (f"a readable {media_type} image{_what_it_is(data)}" if media_type else
+                    f"a readable image of a format served ({', '.join(MEDIA_TYPES)})")
+            raise unprocessable(f"'{param}' is not {what}", param=param) from None
         width, height = opened.size
         if width * height > limits.max_image_pixels:
             raise _too_many_pixels(param, (width, height), limits)
@@ -140,7 +166,7 @@ def decode_image(image: EncodedImage, param: str, limits: ImageLimits) -> Image.
         except Image.DecompressionBombError:
             raise _too_many_pixels(param, (width, height), limits) from None
         except (OSError, ValueError, SyntaxError, EOFError) as err:
-            raise unprocessable(f"'{param}' is a truncated or corrupt {image.media_type} image "
+            raise unprocessable(f"'{param}' is a truncated or corrupt {media_type or opened.format} image "
                                 f"({short(str(err))})", param=param) from None
 
 
@@ -179,13 +205,29 @@ class ImagePreparation:
 
 
 class ImageReader:
-    """The image kind of a model that reads images: an item's limits, decoding and preparation
-    into its model input, one image at a time."""
+    """The image kind of a model that reads images: an item's limits, fetching where it is a URL of
+    an allowed host (inputs/image_urls.py), decoding and preparation into its model input, one
+    image at a time."""
 
-    def __init__(self, preparation: ImagePreparation, limits: ImageLimits | None = None):
+    def __init__(self, preparation: ImagePreparation, limits: ImageLimits | None = None,
+                 url_hosts: Sequence[str] = (), url_timeout_s: float = 10.0):
+        """`url_hosts`: the hosts image URLs are fetched from (none by default), within
+        `url_timeout_s` for all of a request's URLs."""
         self.preparation = preparation
         self.limits = limits or ImageLimits()
+        self.urls = ImageUrls(url_hosts, url_timeout_s, self.limits.max_image_bytes, tuple(MEDIA_TYPES))
 
-    def model_input(self, image: EncodedImage, param: str) -> ModelInput:
-        pixels = self.preparation.pixel_values([decode_image(image, param, self.limits)])[0]
-        return ModelInput((), image=pixels, positions=self.preparation.positions)
+    def model_inputs(self, images: Sequence[tuple[EncodedImage | ImageUrl, str]]) -> list[ModelInput]:
+        """Each (item, its name) prepared, in order: a request's URLs fetched side by side first."""
+        urls = [(image, param) for image, param in images if isinstance(image, ImageUrl)]
+        fetched = iter(self.urls.fetch([(image.url, param) for image, param in urls]))
+        inputs = []
+        for image, param in images:
+            if isinstance(image, ImageUrl):
+                file = next(fetched)
+                decoded = decode_bytes(file.data, file.media_type, param, self.limits)
+            else:
+                decoded = decode_image(image, param, self.limits)
+            pixels = self.preparation.pixel_values([decoded])[0]
+            inputs.append(ModelInput((), image=pixels, positions=self.preparation.positions))
+        return inputs

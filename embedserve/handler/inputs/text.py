@@ -44,17 +44,17 @@ def read_inputs(value: Any, name: str, allow_token_ids: bool) -> tuple[Input, ..
         raise empty(f"'{name}' must not be an empty list", param=name)
     if allow_token_ids and as_int(value[0]) is not None:  # one pre-tokenized input: [101, 2023, ...]
         return (_read_ids(value, name),)
-    parsed: list[Input] = []
-    for i, item in enumerate(value):
-        param = f"{name}[{i}]"
-        if isinstance(item, str):
-            parsed.append(read_text(item, param))
-        elif allow_token_ids and isinstance(item, list):
-            parsed.append(_read_ids(item, param))
-        else:
-            expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
-            raise malformed(f"'{param}' must be {expected}, got {json_type(item)}", param=param)
-    return tuple(parsed)
+    return tuple(read_item(item, f"{name}[{i}]", allow_token_ids) for i, item in enumerate(value))
+
+
+def read_item(item: Any, param: str, allow_token_ids: bool) -> Input:
+    """One item of a list of inputs: a text, or token ids where allowed."""
+    if isinstance(item, str):
+        return read_text(item, param)
+    if allow_token_ids and isinstance(item, list):
+        return _read_ids(item, param)
+    expected = "a string" + (" or a list of token ids" if allow_token_ids else "")
+    raise malformed(f"'{param}' must be {expected}, got {json_type(item)}", param=param)
 
 
 def _read_ids(ids: list, param: str) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from embedserve.handler.api.codec import check_method, decode_body, encode_error
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
+from embedserve.handler.inputs.items import has_objects, read_items
 from embedserve.handler.inputs.text import read_inputs, read_text
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, parse_options
 
@@ -66,12 +67,23 @@ def embedding_request(route: Route, body: Any, content_type: str | None, method:
         name = "inputs" if route.tei else "input"
         if name not in payload:
             raise malformed(f"missing required field '{name}'", param=name)
-        request = EmbeddingRequest(route, read_inputs(payload[name], name, allow_token_ids=allow_token_ids),
-                                   parse_options(payload), field=name)
+        request = EmbeddingRequest(route, _inputs(route, payload, name, allow_token_ids), parse_options(payload),
+                                   field=name)
         return extend(request, payload) if extend else request
     except RequestError as err:
         err.tei = route.tei
         raise
+
+
+def _inputs(route: Route, payload: dict[str, Any], name: str, allow_token_ids: bool) -> tuple:
+    """The inputs under `name`: on the native and OpenAI routes, item objects too (Jina's: a text or
+    an image each, inputs/items.py), which say their kind themselves, so `modality` goes without them."""
+    if route not in (Route.NATIVE, Route.OPENAI):
+        return read_inputs(payload[name], name, allow_token_ids=allow_token_ids)
+    if has_objects(payload[name]) and payload.get("modality") is not None:
+        raise malformed(f"'modality' applies to plain string inputs; the item objects of '{name}' say their kind "
+                        "themselves ({\"text\": ...} or {\"image\": ...}): leave 'modality' out", param="modality")
+    return read_items(payload[name], name, allow_token_ids)
 
 
 def texts_body(route: Route, body: Any, content_type: str | None, method: str | None

@@ -18,10 +18,10 @@ from embedserve.handler.api.codec import dumps
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, embedding_request
-from embedserve.handler.routes.schema import (EMBED_ERRORS, EMBED_OPTIONS, OPTION_NOTES, ServedModel,
-                                              embedding_examples, error_responses, examples, list_example, operation,
-                                              RANGE, SPANS_NEED_LATE_CHUNKING, images_need_data_uris, options,
-                                              quantizing_needs_normalizing, ref)
+from embedserve.handler.routes.schema import (EMBED_ERRORS, EMBED_OPTIONS, OBJECTS_TAKE_NO_MODALITY, OPTION_NOTES,
+                                              RANGE, SPANS_NEED_LATE_CHUNKING, ServedModel, embedding_examples,
+                                              error_responses, examples, images_need_data_uris, list_example,
+                                              operation, options, quantizing_needs_normalizing, ref)
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, Embeddings
 
 
@@ -88,9 +88,10 @@ def schemas(model: ServedModel) -> dict[str, Any]:
     return {
         "EmbeddingRequest": {
             "type": "object", "required": ["input"],
-            "properties": {"input": {"anyOf": [ref("Input"), ref("ImageInputs")]} if model.reads_images else
-                           ref("Input"), **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
-            "allOf": [quantizing_needs_normalizing(model), SPANS_NEED_LATE_CHUNKING,
+            "properties": {"input": {"anyOf": [ref("Input"), ref("ItemInputs"),
+                                               *([ref("ImageInputs")] if model.reads_images else [])]},
+                           **{key: option[key] for key in EMBED_OPTIONS}, **ignored},
+            "allOf": [quantizing_needs_normalizing(model), SPANS_NEED_LATE_CHUNKING, OBJECTS_TAKE_NO_MODALITY,
                       *([images_need_data_uris(model)] if model.reads_images else [])],
             "description": "other fields are accepted and ignored"},
         "EmbeddingList": {

@@ -7,6 +7,8 @@ schemas every route shares. Each family declares its own operations and schemas 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -85,8 +87,9 @@ OPTION_NOTES = {
     "chunk_size": "with `long_input` late_chunk: tokens of text a span (default 256, or a window's text where less)",
     "chunk_spans": "with `long_input` late_chunk: for each input, its spans as [start, end) character ranges of the "
                    "text (a span is the tokens those characters touch); replaces `chunk_size`",
-    "modality": "what the inputs are: \"text\", or \"image\" (each input an image as a data URI, "
-                "data:image/png;base64,..., for a model that reads images; the server fetches no URL)",
+    "modality": "what the plain string inputs are: \"text\", or \"image\" (each input an image as a data URI, "
+                "data:image/png;base64,..., or a URL of a host image_url_hosts names, for a model that reads "
+                "images); item objects ({\"text\": ...}, {\"image\": ...}) say their kind and take no modality",
     "model": "accepted and ignored: the URL names the model",
     "user": "accepted and ignored",
 }
@@ -284,6 +287,7 @@ def common_schemas(model: ServedModel) -> dict[str, Any]:
                   "description": "a text, a list of texts, one list of token ids, or a list of such lists"},
         "TEIInputs": {"anyOf": [ref("Text"), {**many_, "items": ref("Text")}]},
         **(image_schemas(model) if model.reads_images else {}),
+        **item_schemas(model),
         "Vector": {**vector, "description": "JSON numbers, or a base64 string (encoding_format)"},
         "Info": {"type": "object", "required": ["model_id", "embedding_dimension", "max_input_length"],
                  "properties": {
@@ -338,16 +342,64 @@ def texts_only(modality: dict[str, Any]) -> dict[str, Any]:
 def image_schemas(model: ServedModel) -> dict[str, Any]:
     """An image item (inputs/image.py reads its form; what its bytes hold no schema can say) and
     the inputs of an image request, for a model that reads images."""
-    limits = ImageLimits()
+    limits, hosts = ImageLimits(), model.settings.image_url_hosts
     media = "|".join(any_case(media_type) for media_type in MEDIA_TYPES)
-    image = {"type": "string", "pattern": f"^{any_case('data:')}({media})(;[^;,]*)*;{any_case('base64')},.",
+    data_uri = f"{any_case('data:')}({media})(;[^;,]*)*;{any_case('base64')},."
+    urls = (f"or an http(s) URL of a host image_url_hosts names ({', '.join(hosts)})" if hosts else
+            "the server fetches no URL (image_url_hosts names no host)")
+    url = url_pattern(hosts)
+    image = {"type": "string", "pattern": f"^({data_uri}|{url})" if hosts else f"^{data_uri}",
              "description": f"an image as a data URI (data:image/png;base64,...) of {', '.join(MEDIA_TYPES)}, at "
                             f"most max_image_bytes={limits.max_image_bytes} bytes and max_image_pixels="
-                            f"{limits.max_image_pixels} pixels; the server fetches no URL"}
+                            f"{limits.max_image_pixels} pixels; {urls}"}
     most = min(limits.max_images_per_request, model.settings.max_inputs_per_request)
     return {"Image": image,
             "ImageInputs": {"anyOf": [ref("Image"), {**many(model), "maxItems": most, "items": ref("Image")}],
-                            "description": "with \"modality\": \"image\": an image, or a list of images"}}
+                            "description": "with \"modality\": \"image\": an image, or a list of images"},
+            "ImageObject": {"anyOf": [_one_key("image", {"anyOf": [ref("Image"), BASE64]}), _one_key("bytes", BASE64),
+                                      *([_one_key("url", {"type": "string", "pattern": f"^{url}"})] if hosts else [])],
+                            "description": f"Jina's image item: {{\"image\": a data URI, base64 of the file, or a "
+                                           f"URL}}, or {{\"bytes\": base64}}, {{\"url\": ...}}; at most "
+                                           f"max_images_per_request={limits.max_images_per_request} a request"}}
+
+
+# A TCP port, 1 to 65535.
+PORT = "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+
+
+def url_pattern(hosts: tuple[str, ...]) -> str:
+    """An http(s) URL of one of `hosts` (inputs/image_urls.py matches them so: a host alone allows any
+    port), up to its path."""
+    named = []
+    for host in hosts:
+        name, colon, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        named.append(any_case(re.escape(name)) + (f":{port}" if colon else f"(:{PORT})?"))
+    return f"{any_case('http')}[Ss]?://({'|'.join(named)})([/?#]|$)"
+
+
+BASE64 = {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9+/]+=*$", "description": "an image file in base64"}
+
+
+def _one_key(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": [key], "additionalProperties": False, "properties": {key: value}}
+
+
+def item_schemas(model: ServedModel) -> dict[str, Any]:
+    """Inputs as Jina's item objects (inputs/items.py): a text each, or an image for a model that reads
+    them, beside plain texts and token ids; the objects say their kind, so `modality` goes without them."""
+    objects = [_one_key("text", ref("Text")), *([ref("ImageObject")] if model.reads_images else [])]
+    items = {**many(model), "items": {"anyOf": [ref("Text"), ref("TokenIds"), *objects]}, "contains": {"type": "object"}}
+    if model.reads_images:
+        most = min(ImageLimits().max_images_per_request, model.settings.max_inputs_per_request)
+        items["allOf"] = [{"contains": ref("ImageObject"), "minContains": 0, "maxContains": most}]
+    return {"ItemInputs": {**items, "description": "a list of inputs of which some are item objects: {\"text\": ...}"
+                                                   + (" or an image" if model.reads_images else "")}}
+
+
+# Item objects say their kind themselves: a request of them leaves out `modality`.
+OBJECTS_TAKE_NO_MODALITY = {"if": {"required": ["input"], "properties": {"input": {"type": "array",
+                                                                                   "contains": {"type": "object"}}}},
+                            "then": {"properties": {"modality": {"type": "null"}}}}
 
 
 def images_need_data_uris(model: ServedModel) -> dict[str, Any]:
@@ -357,7 +409,7 @@ def images_need_data_uris(model: ServedModel) -> dict[str, Any]:
     return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}},
             "then": {"properties": {"input": ref("ImageInputs"), "prompt_name": {"type": "null"},
                                     "long_input": {"enum": [OPTION_TYPES["long_input"][1][0], None]}}},
-            "else": {"properties": {"input": ref("Input")}}}
+            "else": {"properties": {"input": {"anyOf": [ref("Input"), ref("ItemInputs")]}}}}
 
 
 def quantizing_needs_normalizing(model: ServedModel) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from embedserve.handler.api.codec import as_int, json_type, option_value, short
 from embedserve.handler.api.errors import RequestError, internal_error, malformed, unprocessable
 from embedserve.handler.api.quantize import OUTPUT_DTYPES, SCALAR_DTYPES, quantize
 from embedserve.handler.api.route import Route
-from embedserve.handler.inputs.image import ImageReader, check_count, read_image
+from embedserve.handler.inputs.image import EncodedImage, ImageReader, ImageUrl, check_count, read_image
 from embedserve.handler.inputs.text import BatchTokenizing, Input
 from embedserve.handler.model.description import Task
 from embedserve.handler.model.inputs import ModelInput
@@ -235,7 +235,7 @@ class _Checked:
     prompt: Prompt
     texts: dict[int, str]  # input index -> prompt + text, for the tokenizer
     bodies: list[list[int] | None]  # token ids without special tokens; None where `texts` holds the input
-    images: list[ModelInput] | None = None  # an image request's prepared images, in order
+    images: dict[int, ModelInput] = field(default_factory=dict)  # input index -> its prepared image
 
 
 class EmbedTask:
@@ -294,50 +294,67 @@ class EmbedTask:
         """Every check before tokenizing: limits, options, prompt, token ids; and the texts to
         tokenize: `prompt + text`, tokenized as one string, as sentence-transformers does. With a
         prompt, token-id inputs are the text they decode to, so that both forms of one text give
-        the same vector."""
+        the same vector. Images (under "modality": "image", or item objects) are prepared here."""
         options = request.options
         normalize = self.settings.normalize if options.normalize is None else options.normalize
-        if _modality(request) == "image":
-            return self._check_images(request, normalize)
-        self.check_limits(request)
+        images = self._image_items(request)
+        if images:
+            self._check_images(request, images)
+        else:
+            self.check_limits(request)
         self._check_options(request, normalize)
         prompt = self._prompt_of(request)
         texts: dict[int, str] = {}
         bodies: list[list[int] | None] = []
         for i, item in enumerate(request.inputs):
-            if isinstance(item, str):
+            if i in images:
+                bodies.append(None)
+            elif isinstance(item, str):
                 texts[i] = prompt.text + item
                 bodies.append(None)
-                continue
-            self.checks.text.vocabulary(item, f"{request.field}[{i}]")
-            if prompt.text:
-                texts[i] = prompt.text + self.tokenizer.decode(item)
-            bodies.append(None if prompt.text else list(item))
-        return _Checked(request, normalize, prompt, texts, bodies)
+            else:
+                self.checks.text.vocabulary(item, f"{request.field}[{i}]")
+                if prompt.text:
+                    texts[i] = prompt.text + self.tokenizer.decode(item)
+                bodies.append(None if prompt.text else list(item))
+        prepared = self.images.model_inputs(list(images.values())) if images else []
+        return _Checked(request, normalize, prompt, texts, bodies, dict(zip(images, prepared)))
 
-    def _check_images(self, request: EmbeddingRequest, normalize: bool) -> _Checked:
-        """An image request: each input a data URI, decoded and prepared one at a time (the image
-        kind, inputs/image.py); the options that shape texts refused, the others as for texts."""
-        if self.images is None:
-            raise unprocessable("\"modality\": \"image\" needs a model that reads images; this one reads texts",
-                                param="modality")
-        if request.route not in (Route.NATIVE, Route.OPENAI, Route.EMBED_V2):
-            raise unprocessable("\"modality\": \"image\" is for the native, OpenAI and Cohere routes; TEI's take "
-                                "texts", param="modality")
-        options = request.options
-        for key, default in (("long_input", LONG_INPUTS[0]), ("prompt_name", None)):
-            if getattr(options, key) != default:
-                raise unprocessable(f"'{key}' applies to texts, and these inputs are images", param=key)
-        self.checks.count(request)
-        check_count(len(request.inputs), request.field, self.images.limits)
-        self._check_options(request, normalize)
-        images = []
+    def _image_items(self, request: EmbeddingRequest) -> dict[int, tuple[EncodedImage | ImageUrl, str]]:
+        """The request's image items by index, each with its name: under "modality": "image" every
+        input, read as an image; else the item objects that said they are images."""
+        if _modality(request) != "image":
+            return {i: (item, request.param(i)) for i, item in enumerate(request.inputs)
+                    if isinstance(item, (EncodedImage, ImageUrl))}
+        images = {}
         for i, item in enumerate(request.inputs):
             if not isinstance(item, str):
                 raise malformed(f"'{request.param(i)}' must be an image as a data URI string, got token ids",
                                 param=request.param(i))
-            images.append(self.images.model_input(read_image(item, request.param(i)), request.param(i)))
-        return _Checked(request, normalize, self.prompt(None), {}, [], images)
+            images[i] = (read_image(item, request.param(i)), request.param(i))
+        return images
+
+    def _check_images(self, request: EmbeddingRequest, images: dict[int, tuple[Any, str]]) -> None:
+        """A request with images (the image kind, inputs/image.py): a model that reads them, a route
+        that answers them, the options that shape texts alone refused; the texts beside them checked
+        as any text is."""
+        param = "modality" if _modality(request) == "image" else next(iter(images.values()))[1]
+        if self.images is None:
+            raise unprocessable(f"'{param}': images need a model that reads images; this one reads texts", param=param)
+        if request.route not in (Route.NATIVE, Route.OPENAI, Route.EMBED_V2):
+            raise unprocessable(f"'{param}': images are for the native, OpenAI and Cohere routes; TEI's take texts",
+                                param=param)
+        options = request.options
+        if options.long_input != LONG_INPUTS[0]:
+            raise unprocessable("'long_input' applies to texts alone, and this request has images",
+                                param="long_input")
+        if options.prompt_name is not None and len(images) == len(request.inputs):
+            raise unprocessable("'prompt_name' applies to texts, and these inputs are images", param="prompt_name")
+        self.checks.count(request)
+        check_count(len(images), request.field, self.images.limits)
+        for i, item in enumerate(request.inputs):
+            if isinstance(item, str) and i not in images:
+                self.checks.text.chars(item, request.param(i))
 
     def _tokenize(self, checked: dict[int, _Checked], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
         """The checked requests' texts tokenized in one call, then each request finished on its
@@ -358,9 +375,6 @@ class EmbedTask:
         """The checks after tokenizing, given the token ids of `checked.texts` in order: length
         per input (truncated, or refused with truncation off) and tokens per request."""
         request, prompt = checked.request, checked.prompt
-        if checked.images is not None:
-            self.checks.tokens(sum(map(len, checked.images)), request.field, budget)
-            return Job(request, checked.images, checked.normalize)
         options = request.options
         bodies = list(checked.bodies)
         for i, ids in zip(checked.texts, tokenized):
@@ -374,11 +388,12 @@ class EmbedTask:
             self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
             return Job(request, inputs, checked.normalize, windows=chunked.windows, weights=chunked.weights)
         truncate = self.settings.truncate if options.truncate is None else options.truncate
-        assembled = [self.tokenizer.assemble(body, max_length, options.truncation_direction, keep=prompt.tokens)
-                     for body in bodies]
-        for i, item in enumerate(assembled):
+        assembled = {i: self.tokenizer.assemble(body, max_length, options.truncation_direction, keep=prompt.tokens)
+                     for i, body in enumerate(bodies) if i not in checked.images}
+        for i, item in assembled.items():
             self.checks.text.length(request.param(i), item.full_length, truncate)
-        inputs = [ModelInput(item.ids, unpooled=prompt.unpooled) for item in assembled]
+        inputs = [checked.images[i] if i in checked.images else ModelInput(assembled[i].ids, unpooled=prompt.unpooled)
+                  for i in range(len(bodies))]
         self.checks.tokens(sum(len(item) for item in inputs), request.field, budget)
         return Job(request, inputs, checked.normalize)
 

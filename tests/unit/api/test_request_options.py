@@ -226,3 +226,20 @@ def test_two_thousand_texts_come_back_in_order(tiny_engine, tiny_model_dir):
     sample = list(range(0, 2000, 97))
     np.testing.assert_allclose(got[sample], float64_reference(tiny_model_dir, [texts[i] for i in sample]),
                                atol=2e-5)
+
+
+# --- Jina's item objects ------------------------------------------------------------------------
+
+def test_text_objects_are_the_plain_texts_vectors_on_a_text_model(tiny_engine):
+    """A text model takes Jina's {"text": ...} objects beside plain texts: the same vectors, in
+    order; an image object, or "modality" beside objects, is refused naming the field."""
+    plain = vectors_of(ok(tiny_engine, {"input": TEXTS}, "v1/embeddings"))
+    items = [{"text": text} if i % 2 else text for i, text in enumerate(TEXTS)]
+    np.testing.assert_array_equal(vectors_of(ok(tiny_engine, {"input": items}, "v1/embeddings")), plain)
+    np.testing.assert_array_equal(vectors_of(ok(tiny_engine, {"input": items})), plain)  # the native route
+    status, answer = call(tiny_engine, {"input": [{"text": "a"}, {"image": "iVBORw0KGgo="}]}, "v1/embeddings")
+    assert status == 400 and answer["error"]["param"] == "input[1]" and "reads texts" in answer["error"]["message"]
+    status, answer = call(tiny_engine, {"input": [{"text": "a"}], "modality": "text"}, "v1/embeddings")
+    assert status == 400 and answer["error"]["param"] == "modality"
+    status, answer = call(tiny_engine, {"inputs": [{"text": "a"}]}, "embed")  # TEI's routes take strings
+    assert status in (400, 422) and "input" in json.dumps(answer)

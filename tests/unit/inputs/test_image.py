@@ -1,6 +1,6 @@
 """The image kind's reading and decoding (embedserve/handler/inputs/image.py) against real files
 Pillow writes and real malformed ones: a decompression bomb (a complete PNG of 10,000 x 10,000
-pixels in kilobytes), truncated files, a PNG sent as JPEG, a URL."""
+pixels in kilobytes), truncated files, a PNG sent as JPEG, bare base64.  URLs: test_image_urls.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from embedserve.handler.api.errors import RequestError
-from embedserve.handler.inputs.image import ImageLimits, check_count, decode_image, read_image
+from embedserve.handler.inputs.image import ImageLimits, ImageUrl, check_count, decode_image, read_image
 from tests.support.images import data_uri, image_file, photo, png_of_zeros
 
 LIMITS = ImageLimits()
@@ -58,11 +58,11 @@ def test_a_data_uri_with_parameters_and_upper_case_is_read():
     assert decoded(value).size == (64, 48)
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data", "https://example.com/cat.png",
-                                 "file:///etc/passwd", "s3://bucket/cat.png"])
-def test_a_url_is_refused_never_fetched(url):
-    error = refusal(url)
-    assert error.status == 400 and "fetches no URL" in error.message
+def test_an_http_url_is_read_as_a_url_and_bare_base64_only_where_the_item_says_image():
+    assert read_image("https://example.com/cat.png", "input[0]") == ImageUrl("https://example.com/cat.png")
+    data = image_file(photo(), "JPEG")
+    bare = read_image(base64.b64encode(data).decode(), "input[0].image", bare_base64=True)
+    assert bare.media_type == "" and decode_image(bare, "input[0].image", LIMITS).size == (64, 48)
 
 
 @pytest.mark.parametrize("value, status, words", [
