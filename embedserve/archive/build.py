@@ -32,7 +32,7 @@ from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.digest import sha256_files
 from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.native import native_note
-from embedserve.archive.onnx_export import export_onnx, export_vision_onnx
+from embedserve.archive.onnx_export import export_onnx, export_towers_onnx
 from embedserve.archive.smoke import SmokeError, check_model
 from embedserve.archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from embedserve.archive.swagger_ui import stage_assets
@@ -160,13 +160,13 @@ def make_archive(args: argparse.Namespace) -> Archive:
             print(f"a sparse model ({sparse.name}, {sparse.vocabulary} vocabulary entries): the torch engine, no "
                   "ONNX export; bfloat16 CPU engines: not checked for sparse models, CPU workers serve float32",
                   file=sys.stderr)
-        elif description.towers:  # its text tower runs in torch, its vision tower in ONNX Runtime on a CPU
+        elif description.towers:  # its towers run in ONNX Runtime on a CPU where they export, else in torch
             print(f"an image-text model ({description.towers.architecture}: texts and images into one "
                   f"{dimension}-wide space): the torch engine; bfloat16 CPU engines: not checked for image-text "
                   "models, CPU workers serve float32", file=sys.stderr)
             if serves_onnx(config["handler"]) and config["handler"]["engine"] == "auto":
-                print(f"ONNX Runtime (the CPU engine of its vision tower): {export_vision_onnx(stage / 'model')}",
-                      file=sys.stderr)
+                outcome = export_towers_onnx(stage / "model", description.towers.text_length)
+                print(f"ONNX Runtime (the CPU engine of its towers): {outcome}", file=sys.stderr)
         elif serves_onnx(config["handler"]):
             # A causal reranker exports its transformer's states, as an embedding model: its score is a head after.
             outcome = export_onnx(stage / "model", description.usable_positions,

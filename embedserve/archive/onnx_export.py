@@ -17,11 +17,14 @@ import logging
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from embedserve.handler.backends.onnx_runtime import ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower, OnnxTransformer
-from embedserve.handler.model.towers import ImageTower
+from embedserve.handler.backends.onnx_runtime import (ONNX_FILE, TEXT_TOWER_ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower,
+                                                      OnnxTextTower, OnnxTransformer)
+from embedserve.handler.model.tokenization import TextTokenizer
+from embedserve.handler.model.towers import ImageTower, TextFeed, TextTower
 
 # The largest difference of a hidden state (any token, any unit) to torch that is accepted.
 MAX_ABS_DIFFERENCE = 1e-3
@@ -103,37 +106,77 @@ class _ImageFeatures(torch.nn.Module):
         return ImageTower(self.model)(pixel_values)
 
 
-def export_vision_onnx(model_dir: Path) -> str:
-    """Write model_dir/vision.onnx, an image-text model's vision tower (pixel values to projected
-    image features, dynamic in batch), and return what was done, or why not (then no file: torch
-    serves the images). Checked against torch on random pixels, as the text export is."""
-    from transformers import AutoModel
+class _TextFeatures(torch.nn.Module):
+    """An image-text model's text tower as the worker runs it in torch, after the feed (model/towers.py)."""
 
-    target = model_dir / VISION_ONNX_FILE
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return TextTower(self.model)(input_ids, attention_mask)
+
+
+# Texts of several lengths, for the text tower's check: padded in one batch, as workers pad them.
+TOWER_PROBE_TEXTS = ("a", "two dogs in the snow", "a photograph of a red cat asleep on a wooden table by the "
+                     "window in the soft light of a winter morning, " * 3)
+
+
+def export_towers_onnx(model_dir: Path, text_length: int | None) -> str:
+    """Write model_dir/vision.onnx and model_dir/text_tower.onnx, an image-text model's towers
+    (pixel values, or ids and mask, to projected features; dynamic in batch and length), and return
+    what was done for each, or why not (then no file: torch runs that tower). Each is checked
+    against torch, as the text encoders' export is: images on random pixels, texts on the folder's
+    own tokenizer's ids of several lengths fed as workers feed them (`text_length`: SigLIP's fixed
+    length, model/towers.py)."""
+    from transformers import AutoModel, AutoTokenizer
+
     try:
         model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32,
                                           use_safetensors=True).eval()
     except (ValueError, ImportError, OSError) as err:
-        return f"not exported (the model does not load with eager attention: {err}); images served by torch"
-    graph = _ImageFeatures(model)
+        return f"not exported (the model does not load with eager attention: {err}); served by torch"
     size = int(model.config.vision_config.image_size)
-    probe = torch.randn((3, 3, size, size), generator=torch.Generator().manual_seed(0))
+    pixels = torch.randn((3, 3, size, size), generator=torch.Generator().manual_seed(0))
+    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = TextTokenizer(model_dir, hf_tokenizer=hf_tokenizer)
+    feed = TextFeed(text_length, tokenizer.pad_id, tokenizer.gives_attention_mask)
+    encoded = hf_tokenizer(list(TOWER_PROBE_TEXTS), padding=True, truncation=True, return_tensors="pt",
+                           max_length=int(model.config.text_config.max_position_embeddings))
+    ids = encoded["input_ids"]
+    mask = encoded.get("attention_mask", torch.ones_like(ids))
+    # The references come first: tracing leaves the model object altered.
     with torch.inference_mode():
-        expected = graph(probe)  # before the export, which may leave the model altered
+        expected_images = ImageTower(model)(pixels)
+        expected_texts = TextTower(model, feed)(ids, mask)
+    vision = _export_tower(_ImageFeatures(model), (pixels[:2],), ["pixel_values"], "image_embeds",
+                           model_dir / VISION_ONNX_FILE,
+                           lambda path: OnnxImageTower(path, threads=1)(pixels), expected_images)
+    fed_ids, fed_mask = feed(ids, mask)
+    text = _export_tower(_TextFeatures(model), (fed_ids[:2], torch.ones_like(fed_ids[:2]) if fed_mask is None
+                                                else fed_mask[:2]),
+                         ["input_ids", "attention_mask"], "text_embeds", model_dir / TEXT_TOWER_ONNX_FILE,
+                         lambda path: OnnxTextTower(path, threads=1, feed=feed)(ids, mask), expected_texts)
+    return f"vision tower {vision}; text tower {text}"
+
+
+def _export_tower(graph: torch.nn.Module, example: tuple[torch.Tensor, ...], inputs: list[str], output: str,
+                  target: Path, served: Callable[[Path], torch.Tensor], expected: torch.Tensor) -> str:
+    """One tower traced to `target`, dynamic in batch (and length for ids), and checked: what its
+    engine serves from the file against torch's `expected`; no file where either fails."""
+    axes = {name: {0: "batch"} if name == "pixel_values" else {0: "batch", 1: "sequence"} for name in inputs}
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(graph, (probe[:2],), str(target), input_names=["pixel_values"],
-                              output_names=["image_embeds"],
-                              dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
-                              opset_version=17, dynamo=False)
-    except Exception as err:  # any exporter failure: torch serves the images
+            torch.onnx.export(graph, example, str(target), input_names=inputs, output_names=[output],
+                              dynamic_axes={**axes, output: {0: "batch"}}, opset_version=17, dynamo=False)
+        difference = float((served(target) - expected).abs().max())
+    except Exception as err:  # any exporter or runtime failure: torch runs this tower
         target.unlink(missing_ok=True)
-        return f"not exported ({type(err).__name__}: {str(err)[:200]}); images served by torch"
-    difference = float((OnnxImageTower(target, threads=1)(probe) - expected).abs().max())
+        return f"not exported ({type(err).__name__}: {str(err)[:200]}), run by torch"
     if difference > MAX_ABS_DIFFERENCE:
         target.unlink()
-        return f"not used: its image features differ from torch by {difference:.1e}; images served by torch"
+        return f"not used: its features differ from torch by {difference:.1e}, run by torch"
     return f"exported (max difference to torch {difference:.1e})"
 
 

@@ -73,7 +73,7 @@ def test_images_and_texts_are_sentence_transformers_vectors_in_one_space(catalog
                         timeout=60).json()
     assert info["embedding_dimension"] == reference.get_embedding_dimension() == 16
     assert info["modalities"] == ["text", "image"] and info["image_limits"]["max_image_pixels"] == 40_000_000
-    assert info["engine"] == "torch" and info["image_engine"] == "onnxruntime"  # the vision tower's export
+    assert info["engine"] == "onnxruntime" and info["image_engine"] == "onnxruntime"  # the towers' exports
 
 
 def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog, catalog_models):
@@ -103,6 +103,7 @@ def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog,
     info = requests.get(f"{catalog.url('inference')}/predictions/{SIGLIP}/1.0/info", headers=catalog.auth(),
                         timeout=60).json()
     assert info["modalities"] == ["text", "image"] and info["embedding_dimension"] == 32
+    assert info["engine"] == info["image_engine"] == "onnxruntime"  # texts re-padded to 64 before the export
 
 
 def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, reference):

@@ -19,14 +19,17 @@ import numpy as np
 import onnxruntime
 import torch
 
+from embedserve.handler.model.towers import TextFeed
 from embedserve.handler.worker.cpu_lending import for_threads
 
 ONNX_FILE = "transformer.onnx"
 # The same graph with ONNX Runtime's dynamic int8 quantization, calibrated by the build
 # (embedserve/archive/int8_calibration.py).
 INT8_ONNX_FILE = "transformer.int8.onnx"
-# An image-text model's vision tower, pixel values to projected image features.
+# An image-text model's towers: pixel values to projected image features, ids and mask to
+# projected text features.
 VISION_ONNX_FILE = "vision.onnx"
+TEXT_TOWER_ONNX_FILE = "text_tower.onnx"
 
 
 # ONNX Runtime's fused residual add + LayerNorm (SkipLayerNormalization) is slower on CPU than
@@ -66,11 +69,29 @@ class OnnxTransformer(_ThreadSessions):
         return torch.from_numpy(self._session_now().run(None, graph_feed(input_ids, attention_mask, token_type_ids))[0])
 
 
+class OnnxTextTower(_ThreadSessions):
+    """An image-text model's text tower (its export by the build, archive/onnx_export.py), fed as
+    torch's TextTower feeds it (model/towers.py: SigLIP's re-padding; a model that is given no
+    mask attends to every position, as an all-ones mask has it): (batch, seq) ids and mask in,
+    (batch, dimension) projected text features out. On a 2-core CPU it runs CLIP ViT-B/32's text
+    tower about 1.4x as fast as torch eager (docs/performance.md)."""
+
+    def __init__(self, path: Path, threads: int, lend_threads: int = 0, feed: TextFeed = TextFeed()):
+        super().__init__(path, threads, lend_threads)
+        self.feed = feed
+
+    def __call__(self, ids: torch.Tensor, attention: torch.Tensor, segments: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        ids, mask = self.feed(ids, attention)
+        feed = graph_feed(ids, torch.ones_like(ids) if mask is None else mask, None)
+        return torch.from_numpy(self._session_now().run(None, feed)[0])
+
+
 class OnnxImageTower(_ThreadSessions):
     """An image-text model's vision tower (its export by the build, archive/onnx_export.py):
     (batch, channels, height, width) float32 pixel values in, (batch, dimension) projected image
     features out. On a 2-core CPU it runs CLIP ViT-B/32 about 1.4x as fast as torch eager
-    (docs/performance.md); the text tower stays in torch."""
+    (docs/performance.md)."""
 
     engine = "onnxruntime"
 

@@ -30,8 +30,8 @@ from transformers import AutoConfig
 
 from embedserve.handler.backends.base import Backend
 from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, Bucket, GraphRunner
-from embedserve.handler.backends.onnx_runtime import ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower, OnnxTransformer, \
-    onnx_file
+from embedserve.handler.backends.onnx_runtime import (ONNX_FILE, TEXT_TOWER_ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower,
+                                                      OnnxTextTower, OnnxTransformer, onnx_file)
 from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE as OPENVINO_PAD_MULTIPLE
 from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, openvino_available
 from embedserve.handler.backends.packed import PackedBackend
@@ -49,7 +49,7 @@ from embedserve.handler.model.sparse import SpladePooler, masked_lm_parts
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
 from embedserve.handler.model.loading import TorchTransformer, load_model
 from embedserve.handler.model.packed_forward import VARLEN_FLASH, PackedTransformer, packed_support
-from embedserve.handler.model.towers import ImageTower, TextTower
+from embedserve.handler.model.towers import ImageTower, TextFeed, TextTower
 from embedserve.handler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -212,30 +212,37 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
 
 
 def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
-    """An image-text model's two towers: texts in padded passes of the torch model, images stacked,
-    through the vision tower's ONNX export on a CPU in float32 where the build made one (faster
-    than torch eager there: backends/onnx_runtime.py), else through torch. The other engines,
-    layouts and CUDA graphs take text encoders only: asked for, they are a settings error."""
+    """An image-text model's two towers: texts in padded passes, images stacked; each through its
+    ONNX export on ONNX Runtime on a CPU in float32 where the build made one (faster than torch
+    eager there: backends/onnx_runtime.py), else through torch. The other engines, layouts and CUDA
+    graphs take text encoders only: asked for, they are a settings error."""
     towers = parts.towers
     if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
-        raise ValueError(f"{towers.architecture} runs on the torch engine (its vision tower on ONNX Runtime on "
+        raise ValueError(f"{towers.architecture} runs on the torch engine (its towers' exports on ONNX Runtime on "
                          "a CPU), padded, without int8 or compile: handler settings 'engine' other than auto or "
                          "torch, 'dtype' int8, 'packed' and 'compile' apply to text encoders")
     placement = replace(placement, cuda_graphs=False, packed=False)
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
-    text = TextTower(model, length=towers.text_length, pad_id=parts.pad_id, masked=parts.attention_mask)
+    feed = TextFeed(towers.text_length, parts.pad_id, parts.attention_mask)
+    onnx = settings.engine == "auto" and placement.device.type == "cpu" and placement.dtype == torch.float32
+    threads = dict(threads=placement.cpu_threads or 1, lend_threads=placement.lend_cpus)
+    if onnx and (model_dir / TEXT_TOWER_ONNX_FILE).is_file():
+        text: Any = OnnxTextTower(model_dir / TEXT_TOWER_ONNX_FILE, feed=feed, **threads)
+        facts = {"engine": "onnxruntime", "attention": "onnxruntime"}
+    else:
+        text = TextTower(model, feed)
+        facts = {"engine": "torch", "attention": text.attention}
     backend = PaddedBackend(text, modes=(), head=None, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
-                            device=placement.device, facts={"engine": "torch", "attention": text.attention})
-    exported = model_dir / VISION_ONNX_FILE
-    if settings.engine == "auto" and placement.device.type == "cpu" and placement.dtype == torch.float32 \
-            and exported.is_file():
-        tower: Any = OnnxImageTower(exported, placement.cpu_threads or 1, lend_threads=placement.lend_cpus)
-        engine = f"torch: {towers.architecture}'s text tower; its vision tower's ONNX export on ONNX Runtime"
+                            device=placement.device, facts=facts)
+    if onnx and (model_dir / VISION_ONNX_FILE).is_file():
+        tower: Any = OnnxImageTower(model_dir / VISION_ONNX_FILE, **threads)
     else:
         tower = ImageTower(model)
-        engine = f"torch: {towers.architecture}'s towers run in torch"
     images = VisionBackend(tower, dtype=placement.dtype, device=placement.device)
-    reasons = {"engine": engine, "dtype": "the placement's", "layout": "padded texts; images stacked at one size",
+    reasons = {"engine": f"{towers.architecture}'s text tower on {facts['engine']}, its vision tower on "
+                         f"{tower.engine}" + ("" if onnx else " (ONNX Runtime runs them on a CPU in float32, "
+                                                               "engine auto)"),
+               "dtype": "the placement's", "layout": "padded texts; images stacked at one size",
                "cuda_graphs": "none: image-text towers run eagerly"}
     log.info("backend: %s in %s, images on its vision tower (%s)", backend.describe(), _name(placement.dtype),
              tower.engine)

@@ -23,6 +23,7 @@ model in a `0_CLIPModel` subfolder (build that subfolder itself: it is a plain C
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,25 +81,35 @@ def _features(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
+@dataclass(frozen=True)
+class TextFeed:
+    """What a text tower is fed: right-padded (batch, seq) ids and mask, re-padded with `pad_id` to
+    `length` (SigLIP's fixed length; None for CLIP's, which reads the end-of-text token wherever it
+    is), and the mask passed on where `masked` (the folder's tokenizer returns one; transformers'
+    SigLIP tokenizers did not before 5.0: the padding was attended to). The same for either engine."""
+    length: int | None = None
+    pad_id: int = 0
+    masked: bool = True
+
+    def __call__(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.length is not None:
+            ids, attention = padded_to(self.length, ids, attention, self.pad_id)
+        return ids, attention if self.masked else None
+
+
 class TextTower:
     """(batch, seq) right-padded ids and attention mask -> (batch, dimension) projected text features.
+    (On a CPU in float32, its ONNX export runs instead where the build made one: OnnxTextTower.)"""
 
-    `length`: the fixed length the tower pads every pass to with `pad_id` (SigLIP's), None for
-    CLIP's, which reads the end-of-text token wherever it is. `masked`: whether the model sees the
-    attention mask, as it does where the folder's tokenizer returns one (transformers' SigLIP
-    tokenizers did not before 5.0: the padding was attended to)."""
-
-    def __init__(self, model: torch.nn.Module, *, length: int | None = None, pad_id: int = 0, masked: bool = True):
+    def __init__(self, model: torch.nn.Module, feed: TextFeed = TextFeed()):
         self.model = model
         config = getattr(model, "_orig_mod", model).config
         self.attention = getattr(config, "_attn_implementation", None) or "eager"
-        self.length, self.pad_id, self.masked = length, pad_id, masked
+        self.feed = feed
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, segments: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        if self.length is not None:
-            ids, attention = padded_to(self.length, ids, attention, self.pad_id)
-        mask = attention if self.masked else None
+        ids, mask = self.feed(ids, attention)
         return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
 
 

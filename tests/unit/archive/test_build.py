@@ -190,8 +190,8 @@ def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_
                                                                                            capsys):
     """A CLIP folder as sentence-transformers re-saves it (one multimodal Transformer module, its
     image processor in processor_config.json): built with its image processor and its vision tower's
-    ONNX export (the text tower runs in torch), and checked against sentence-transformers on texts and
-    on images, the images through the export. (The folder as transformers saves
+    towers' ONNX exports, and checked against sentence-transformers on texts and on images, both
+    through the exports. (The folder as transformers saves
     it is the session catalog's build, tests/support/catalog.py, and docs/models.md's.)"""
     from sentence_transformers import SentenceTransformer
     from tests.support.image_models import make_clip
@@ -203,12 +203,13 @@ def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_
     err = capsys.readouterr().err
     assert "an image-text model (CLIPModel: texts and images into one 16-wide space)" in err, err
     assert "sentence-transformers: min cosine" in err and "sentence-transformers, images: min cosine" in err
-    assert "ONNX Runtime (the CPU engine of its vision tower): exported (max difference to torch" in err, err
-    assert "(engine: torch; images: onnxruntime)" in err
+    assert "ONNX Runtime (the CPU engine of its towers): vision tower exported (max difference to torch" in err, err
+    assert "; text tower exported (max difference to torch" in err, err
+    assert "(engine: onnxruntime; images: onnxruntime)" in err
     with zipfile.ZipFile(config.parent / "store" / "clip.mar") as archive:
         names = archive.namelist()
-    assert "model/processor_config.json" in names and [name for name in names if name.endswith(".onnx")] == [
-        "model/vision.onnx"]
+    assert "model/processor_config.json" in names and sorted(name for name in names if name.endswith(".onnx")) == [
+        "model/text_tower.onnx", "model/vision.onnx"]
 
 
 def test_a_siglip_folder_builds_checked_on_texts_padded_as_its_model_card_pads_them(tmp_path, config, capsys):
@@ -226,9 +227,9 @@ def test_a_siglip_folder_builds_checked_on_texts_padded_as_its_model_card_pads_t
     assert "(engine: torch; images: torch)" in err and "vision tower" not in err  # engine=torch: no export
 
 
-def test_a_vision_tower_that_does_not_export_is_served_by_torch(tmp_path, config, capsys, monkeypatch):
-    """The exporter failing (here made to fail) costs the ONNX engine, not the build: images then
-    run on torch's tower, checked against sentence-transformers all the same."""
+def test_towers_that_do_not_export_are_served_by_torch(tmp_path, config, capsys, monkeypatch):
+    """The exporter failing (here made to fail) costs the ONNX engine, not the build: texts and
+    images then run on torch's towers, checked against sentence-transformers all the same."""
     from tests.support.image_models import make_clip
 
     def failing_export(*args, **kwargs):
@@ -237,8 +238,8 @@ def test_a_vision_tower_that_does_not_export_is_served_by_torch(tmp_path, config
     monkeypatch.setattr(torch.onnx, "export", failing_export)
     assert run_build(config, "--model", str(make_clip(tmp_path / "clip")), "--name", "clip") == 0
     err = capsys.readouterr().err
-    assert "vision tower): not exported (RuntimeError: an operator the exporter does not know); images served by " \
-           "torch" in err, err
+    assert "vision tower not exported (RuntimeError: an operator the exporter does not know), run by torch; " \
+           "text tower not exported (RuntimeError" in err, err
     assert "(engine: torch; images: torch)" in err and "sentence-transformers, images: min cosine" in err
     with zipfile.ZipFile(config.parent / "store" / "clip.mar") as archive:
         assert not any(name.endswith(".onnx") for name in archive.namelist())
