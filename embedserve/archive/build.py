@@ -177,7 +177,8 @@ def make_archive(args: argparse.Namespace) -> Archive:
                 raise BuildError(f"--set engine=onnxruntime: the model was {outcome.split(';')[0]}")
         frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None,
                                    sparse=sparse is not None,
-                                   hybrid=description.m3 is not None or description.multi_vector is not None)
+                                   hybrid=description.m3 is not None or description.multi_vector is not None,
+                                   images=description.towers is not None)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if scoring:
             print(f"a {scoring.task} model ({len(scoring.labels)} label(s), {scoring.activation}); bfloat16 CPU "
@@ -239,7 +240,7 @@ def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> 
 
 
 def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = False,
-                    sparse: bool = False, hybrid: bool = False) -> dict[str, int]:
+                    sparse: bool = False, hybrid: bool = False, images: bool = False) -> dict[str, int]:
     """What TorchServe must let through for the handler's limits to hold end to end:
     - max_response_size: the largest answer, max_inputs_per_request vectors of the model's
       dimension as float JSON (MiniLM: 4096 x 384 -> about 27 MB); for a scoring model (its
@@ -251,7 +252,9 @@ def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = Fa
       multi-vector model's token vectors (they grow with the tokens: an answer over the bound is
       its 413, naming base64 and smaller dtypes);
     - max_request_size: the largest body of token ids max_tokens_per_request allows (at most 7
-      digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger."""
+      digits and a separator each, brackets per input), or TorchServe's 6.5 MB if larger; for an
+      image-text model (`images`), at least the base64 of max_image_request_bytes and room for
+      the rest of the body, so that a request over an image limit is the handler's 413 naming it."""
     settings = Settings.from_mapping(handler)
     inputs = settings.max_inputs_per_request
     if scoring:
@@ -260,11 +263,10 @@ def frontend_limits(handler: dict, dimension: int, name: str, scoring: bool = Fa
         answer = max(TS_DEFAULT_BODY_BYTES, sparse_answer_bytes(inputs * min(dimension, SPARSE_ENTRIES), inputs, name))
     else:
         answer = max_answer_bytes(inputs, dimension, "float", "float", name) * (HYBRID_ANSWERS if hybrid else 1)
-    return {
-        "max_response_size": answer,
-        "max_request_size": max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8
-                                + settings.max_inputs_per_request * 4 + 65536),
-    }
+    body = max(TS_DEFAULT_BODY_BYTES, settings.max_tokens_per_request * 8 + settings.max_inputs_per_request * 4 + 65536)
+    if images:
+        body = max(body, -(-settings.max_image_request_bytes * 4 // 3) + 2**20)
+    return {"max_response_size": answer, "max_request_size": body}
 
 
 def raised_limits(config: Path, needed: dict[str, int]) -> dict[str, str]:

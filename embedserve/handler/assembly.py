@@ -25,7 +25,7 @@ from embedserve.handler.execution.calibration import Speed
 from embedserve.handler.execution.encoder import DenseRows, Encoder, HybridRows, SparseRows, TokenRows, finite_rows
 from embedserve.handler.execution.placement import Placement, apply_placement, resolve_placement
 from embedserve.handler.execution.select import ModelParts, select_backend
-from embedserve.handler.inputs.image import ImagePreparation, ImageReader
+from embedserve.handler.inputs.image import ImageLimits, ImagePreparation, ImageReader
 from embedserve.handler.model.chat_pairs import ChatPairTokenizer
 from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.model.files import describe_model, resolve_max_length
@@ -144,8 +144,9 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
-    images = ImageReader(ImagePreparation(model_dir, model.towers.image_positions), url_hosts=settings.image_url_hosts,
-                         url_timeout_s=settings.image_url_timeout_s) if model.towers else None
+    images = ImageReader(ImagePreparation(model_dir, model.towers.image_positions), ImageLimits.of(settings),
+                         url_hosts=settings.image_url_hosts, url_timeout_s=settings.image_url_timeout_s) \
+        if model.towers else None
     text = EmbedTask(checks, prompts=model.prompts, default_prompt=default_prompt,
                      include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes, images=images)
     work: TaskSlice = text

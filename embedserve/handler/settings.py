@@ -122,6 +122,17 @@ class Settings:
     redis_ttl_s: int = 86_400
     redis_timeout_ms: int = 100
     redis_retry_s: int = 10
+    # An image-text model's limits on images (embedserve/handler/inputs/image.py), each refused
+    # with 413 naming it: an image's file; its pixels, read from its header before any is decoded
+    # (40 million is a 7,300 x 5,500 photograph, past any vision tower's input, and below Pillow's
+    # own bomb threshold of 89 million, so this check decides); images a request; and the bytes of
+    # a request's images its body carries, which the build lets through the server's
+    # max_request_size (in base64, 4/3 of it), so that one large image is the handler's 413
+    # naming the limit and not the frontend's empty one.
+    max_image_bytes: int = 10 * 2**20
+    max_image_pixels: int = 40_000_000
+    max_images_per_request: int = 64
+    max_image_request_bytes: int = 16 * 2**20
     # An image-text model's image items that are http(s) URLs are fetched from these hosts alone
     # ("images.internal", or "images.internal:8080" for that port alone); none by default, so that
     # no request makes the server reach into its network. All of a request's URLs are fetched
@@ -157,7 +168,8 @@ class Settings:
         if self.max_batch_tokens < 0:
             raise SettingsError("max_batch_tokens", "must be >= 0 (0 means automatic)")
         for key in ("max_batch_size", "max_inputs_per_request", "max_input_chars", "max_tokens_per_request",
-                    "max_response_bytes", "cuda_graph_max_mb", "cache_max_mb", "redis_ttl_s", "redis_timeout_ms"):
+                    "max_response_bytes", "cuda_graph_max_mb", "cache_max_mb", "redis_ttl_s", "redis_timeout_ms",
+                    "max_image_bytes", "max_image_pixels", "max_images_per_request", "max_image_request_bytes"):
             if getattr(self, key) < 1:
                 raise SettingsError(key, "must be >= 1")
         if self.cpu_threads < 0:
@@ -180,6 +192,9 @@ class Settings:
             if not isinstance(host, str) or not host or any(mark in host for mark in ("/", "@", " ", "*")):
                 raise SettingsError("image_url_hosts", f"{host!r} is not a host name, or host:port (no scheme, "
                                     "path or wildcard)")
+        if self.max_image_bytes > self.max_image_request_bytes:
+            raise SettingsError("max_image_bytes", f"must be at most max_image_request_bytes="
+                                f"{self.max_image_request_bytes}: a request of one image that large would be refused")
         if self.image_url_timeout_s < 1:
             raise SettingsError("image_url_timeout_s", "must be >= 1")
 

@@ -257,3 +257,20 @@ def test_image_urls_are_fetched_from_the_hosts_the_build_names_and_no_others(cat
         refused = post(catalog, {"input": [host.url("/cat.png")], "modality": "image"}, model=SIGLIP)
         assert refused.status_code == 400 and "fetches no URL" in refused.text, refused.text
         assert len(host.requests) == fetched  # nothing reached the host
+
+
+def test_a_large_image_reaches_the_handler_and_a_request_over_its_image_bytes_is_its_413(catalog, reference):
+    """The build lets a request of max_image_request_bytes (16 MiB) of images through TorchServe, in
+    base64: a 9 MiB image (a PNG with bytes after its end, which Pillow reads as the PNG) is embedded,
+    where TorchServe's own limit would have answered an empty 413; two of 8.2 MiB are the handler's
+    413 naming the limit."""
+    picture, png, _ = pictures()[0]
+    big = data_uri(png + b"\0" * (9 * 2**20 - len(png)))
+    answer = post(catalog, {"input": [{"image": big}, {"text": TEXTS[0]}]})
+    assert answer.status_code == 200, answer.text[:300]
+    want = [reference.encode([picture])[0], reference.encode([TEXTS[0]])[0]]
+    assert cosines([row["embedding"] for row in answer.json()["data"]], want).min() >= MIN_COSINE
+    two = data_uri(png + b"\0" * (int(8.2 * 2**20) - len(png)))
+    refused = post(catalog, {"input": [two, two], "modality": "image"})
+    assert refused.status_code == 413 and "max_image_request_bytes=16777216" in refused.text, refused.text[:300]
+    assert refused.json()["error"]["param"] == "input"

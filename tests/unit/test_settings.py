@@ -43,6 +43,9 @@ def test_yaml_string_spellings_are_accepted():
         ({"image_url_hosts": ["*.internal"]}, "image_url_hosts"),
         ({"image_url_hosts": "images.internal"}, "image_url_hosts"),
         ({"image_url_timeout_s": 0}, "image_url_timeout_s"),
+        ({"max_image_pixels": 0}, "max_image_pixels"),
+        ({"max_images_per_request": 0}, "max_images_per_request"),
+        ({"max_image_bytes": 20 * 2**20}, "max_image_bytes"),  # over max_image_request_bytes
     ],
 )
 def test_bad_setting_names_its_key(section, key):

@@ -6,13 +6,14 @@ base64 of an image file too, its format read from its bytes. An http(s) URL is f
 the hosts the server's `image_url_hosts` names (inputs/image_urls.py); by default from none, so
 that the server is never a way into the network it sits in. Other URL schemes are refused.
 
-Limits (ImageLimits, checked where the model is known: reading an item checks its form only),
-each refused with the item and the limit named, before the work it bounds:
+Limits (ImageLimits, the handler settings of those names, checked where the model is known:
+reading an item checks its form only), each refused with the item and the limit named, before the
+work it bounds:
 - bytes an image, from the data URI's length, before its base64 is decoded (413);
 - pixels an image, from the file's header, before a pixel is decoded: a decompression bomb (a
   few kilobytes of PNG that claim 10,000 x 10,000 pixels) is refused at its header (413);
 - the ratio of its sides: a 1 x 50,000 strip resized for a vision tower is noise (400);
-- images a request (413).
+- images a request, and the bytes of those the request's body carries (413).
 
 Decoding: Pillow, held to the format the media type names (a PNG sent as image/jpeg is refused,
 saying what the bytes are); truncated files refused (Pillow's LOAD_TRUNCATED_IMAGES stays off,
@@ -45,6 +46,7 @@ from embedserve.handler.api.codec import json_type, short
 from embedserve.handler.api.errors import RequestError, empty, malformed, too_large, unprocessable
 from embedserve.handler.inputs.image_urls import ImageUrls
 from embedserve.handler.model.inputs import ModelInput
+from embedserve.handler.settings import Settings
 
 # The media types an image item may have, and the Pillow format each must decode as.
 MEDIA_TYPES = {"image/png": "PNG", "image/jpeg": "JPEG", "image/webp": "WEBP", "image/gif": "GIF",
@@ -55,12 +57,18 @@ OTHER_SCHEMES = ("ftp://", "file:", "s3://", "gs://")  # never fetched
 
 @dataclass(frozen=True)
 class ImageLimits:
-    max_image_bytes: int = 10 * 2**20  # an image's file, decoded from base64
-    # Pixels an image: 40 million is a 7,300 x 5,500 photograph, past any vision tower's input,
-    # and below Pillow's own bomb threshold (89 million), so this check, not Pillow's, decides.
-    max_image_pixels: int = 40_000_000
+    """The handler settings of the same names (settings.py says why each default), and the ratio of
+    an image's sides, fixed: a 1 x 50,000 strip resized for a vision tower is noise."""
+    max_image_bytes: int = Settings.max_image_bytes  # an image's file, decoded from base64
+    max_image_pixels: int = Settings.max_image_pixels
     max_aspect_ratio: float = 100.0  # the longer side over the shorter
-    max_images_per_request: int = 64
+    max_images_per_request: int = Settings.max_images_per_request
+    max_image_request_bytes: int = Settings.max_image_request_bytes  # a request's files its body carries
+
+    @classmethod
+    def of(cls, settings: Settings) -> "ImageLimits":
+        return cls(settings.max_image_bytes, settings.max_image_pixels, cls.max_aspect_ratio,
+                   settings.max_images_per_request, settings.max_image_request_bytes)
 
 
 @dataclass(frozen=True)
@@ -125,10 +133,17 @@ def image_bytes(image: EncodedImage, param: str, limits: ImageLimits) -> bytes:
     return data
 
 
-def check_count(images: int, field: str, limits: ImageLimits) -> None:
-    if images > limits.max_images_per_request:
-        raise too_large(f"'{field}' has {images} images; the limit is max_images_per_request="
+def check_count(images: Sequence[EncodedImage | ImageUrl], field: str, limits: ImageLimits) -> None:
+    """A request's images: how many, and the bytes of those its body carries (from their base64's
+    length, before any is decoded)."""
+    if len(images) > limits.max_images_per_request:
+        raise too_large(f"'{field}' has {len(images)} images; the limit is max_images_per_request="
                         f"{limits.max_images_per_request}", param=field)
+    carried = sum(len(image.base64) * 3 // 4 for image in images if isinstance(image, EncodedImage))
+    if carried > limits.max_image_request_bytes:
+        raise too_large(f"'{field}' holds about {carried} bytes of images; the limit is max_image_request_bytes="
+                        f"{limits.max_image_request_bytes} a request: send fewer or smaller images a request",
+                        param=field)
 
 
 def decode_image(image: EncodedImage, param: str, limits: ImageLimits) -> Image.Image:

@@ -342,7 +342,7 @@ def texts_only(modality: dict[str, Any]) -> dict[str, Any]:
 def image_schemas(model: ServedModel) -> dict[str, Any]:
     """An image item (inputs/image.py reads its form; what its bytes hold no schema can say) and
     the inputs of an image request, for a model that reads images."""
-    limits, hosts = ImageLimits(), model.settings.image_url_hosts
+    limits, hosts = ImageLimits.of(model.settings), model.settings.image_url_hosts
     media = "|".join(any_case(media_type) for media_type in MEDIA_TYPES)
     data_uri = f"{any_case('data:')}({media})(;[^;,]*)*;{any_case('base64')},."
     urls = (f"or an http(s) URL of a host image_url_hosts names ({', '.join(hosts)})" if hosts else
@@ -390,7 +390,7 @@ def item_schemas(model: ServedModel) -> dict[str, Any]:
     objects = [_one_key("text", ref("Text")), *([ref("ImageObject")] if model.reads_images else [])]
     items = {**many(model), "items": {"anyOf": [ref("Text"), ref("TokenIds"), *objects]}, "contains": {"type": "object"}}
     if model.reads_images:
-        most = min(ImageLimits().max_images_per_request, model.settings.max_inputs_per_request)
+        most = min(ImageLimits.of(model.settings).max_images_per_request, model.settings.max_inputs_per_request)
         items["allOf"] = [{"contains": ref("ImageObject"), "minContains": 0, "maxContains": most}]
     return {"ItemInputs": {**items, "description": "a list of inputs of which some are item objects: {\"text\": ...}"
                                                    + (" or an image" if model.reads_images else "")}}

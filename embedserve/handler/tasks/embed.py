@@ -351,7 +351,7 @@ class EmbedTask:
         if options.prompt_name is not None and len(images) == len(request.inputs):
             raise unprocessable("'prompt_name' applies to texts, and these inputs are images", param="prompt_name")
         self.checks.count(request)
-        check_count(len(images), request.field, self.images.limits)
+        check_count([image for image, _ in images.values()], request.field, self.images.limits)
         for i, item in enumerate(request.inputs):
             if isinstance(item, str) and i not in images:
                 self.checks.text.chars(item, request.param(i))

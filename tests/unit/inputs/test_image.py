@@ -125,7 +125,21 @@ def test_absurd_sides_are_refused():
 
 
 def test_too_many_images_in_a_request():
-    check_count(64, "input", LIMITS)
+    url = ImageUrl("https://img.example/a.png")
+    check_count([url] * 64, "input", LIMITS)
     with pytest.raises(RequestError) as caught:
-        check_count(65, "input", LIMITS)
+        check_count([url] * 65, "input", LIMITS)
     assert caught.value.status == 413 and "max_images_per_request=64" in caught.value.message
+
+
+def test_a_request_s_images_are_counted_and_their_carried_bytes_bounded():
+    small = read_image(data_uri(image_file(photo(), "PNG")), "input[0]")
+    limits = ImageLimits(max_images_per_request=2, max_image_request_bytes=3 * len(small.base64) * 3 // 4)
+    check_count([small, small], "input", limits)
+    with pytest.raises(RequestError) as caught:
+        check_count([small] * 3, "input", limits)
+    assert caught.value.status == 413 and "max_images_per_request=2" in caught.value.message
+    with pytest.raises(RequestError) as caught:
+        check_count([small, read_image(data_uri(image_file(photo(256, 256), "PNG")), "input[1]")], "input", limits)
+    assert caught.value.status == 413 and "max_image_request_bytes=" in caught.value.message
+    assert caught.value.param == "input"
