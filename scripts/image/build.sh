@@ -19,6 +19,18 @@ work=build/image
 context=$work/context
 start=$(date +%s)
 
+# A full container storage fails a build deep in a layer's commit ("io: read/write on closed
+# pipe"); say so first. The image and its build stages take about 3 GB.
+storage=$(engine info --format '{{.Store.GraphRoot}}' 2>/dev/null || true)
+if [[ -n "$storage" && -d "$storage" ]]; then
+  free_kb=$(df -Pk "$storage" | awk 'NR == 2 {print $4}')
+  if (( free_kb < 4 * 1024 * 1024 )); then
+    echo "error: $((free_kb / 1024)) MB free where $ENGINE stores images ($storage); the build needs about 4 GB:" \
+         "remove images no longer used ($ENGINE image prune)" >&2
+    exit 1
+  fi
+fi
+
 base="${BASE_IMAGE:-}"
 base_built=false
 if [[ -z "$base" ]]; then
