@@ -208,7 +208,7 @@ BAD_OBJECTS = {
     "an image that is a number": ({"image": 123}, 400, "input[1].image"),
     "two kinds in one object": ({"text": "a", "image": "b"}, 400, "input[1]"),
     "a kind not served": ({"video": "data:video/mp4;base64,AAAA"}, 400, "input[1]"),
-    "bare base64 that is no image": ({"image": b64(b"plain bytes, no image" * 8)}, 400, "input[1]"),
+    "bare base64 that is no image": ({"image": b64(b"plain bytes, no image" * 8)}, 400, "input[1].image"),
     "a URL under bytes": ({"bytes": "http://127.0.0.1/cat.png"}, 400, "input[1].bytes"),
     "an empty text": ({"text": ""}, 400, "input[1].text"),
 }
@@ -232,7 +232,7 @@ def test_each_bad_item_object_is_refused_naming_it_and_its_batch_is_served(catal
     # A model that reads texts alone refuses an image object, naming it.
     answer = requests.post(f"{catalog.url('inference')}/predictions/m3", headers=catalog.auth(), timeout=60,
                            json={"input": [{"text": "a"}, {"image": good[2]}]})
-    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input[1]", answer.text
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "input[1].image", answer.text
     assert worker_identities(catalog, IMAGE_TEXT) == pids
 
 
@@ -252,7 +252,7 @@ def test_image_urls_are_fetched_from_the_hosts_the_build_names_and_no_others(cat
         for path, words in (("/moved", "redirects to"), ("/missing.png", "HTTP 404")):
             refused = post(catalog, {"input": [{"image": data_uri(data)}, {"image": host.url(path)}]})
             assert refused.status_code == 400 and words in refused.text, refused.text
-            assert refused.json()["error"]["param"] == "input[1]"
+            assert refused.json()["error"]["param"] == "input[1].image"
         fetched = len(host.requests)
         refused = post(catalog, {"input": [host.url("/cat.png")], "modality": "image"}, model=SIGLIP)
         assert refused.status_code == 400 and "fetches no URL" in refused.text, refused.text

@@ -74,15 +74,17 @@ class ImageLimits:
 @dataclass(frozen=True)
 class EncodedImage:
     """An image item as sent: its media type ("": the format its bytes are) and its base64 text
-    (decoded under the limits)."""
+    (decoded under the limits); `key`: the item object's key that held it ("image"), for errors."""
     media_type: str
     base64: str
+    key: str = ""
 
 
 @dataclass(frozen=True)
 class ImageUrl:
     """An image item that names an http(s) URL, fetched only where image_url_hosts names its host."""
     url: str
+    key: str = ""
 
 
 def read_image(value: Any, param: str, bare_base64: bool = False) -> EncodedImage | ImageUrl:

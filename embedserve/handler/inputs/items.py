@@ -11,6 +11,7 @@ request of item objects leaves it out.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Union
 
 from embedserve.handler.api.codec import json_type
@@ -50,4 +51,4 @@ def _read_object(item: dict[str, Any], param: str) -> Item:
         raise malformed(f"'{param}' must be an http or https URL", param=param)
     if key == "bytes" and isinstance(image, ImageUrl):
         raise malformed(f"'{param}' must be an image's bytes in base64, got a URL (send it as 'url')", param=param)
-    return image
+    return replace(image, key=key)  # its errors name the key: input[1].image

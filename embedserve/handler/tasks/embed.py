@@ -324,8 +324,8 @@ class EmbedTask:
         """The request's image items by index, each with its name: under "modality": "image" every
         input, read as an image; else the item objects that said they are images."""
         if _modality(request) != "image":
-            return {i: (item, request.param(i)) for i, item in enumerate(request.inputs)
-                    if isinstance(item, (EncodedImage, ImageUrl))}
+            return {i: (item, f"{request.param(i)}.{item.key}" if item.key else request.param(i))
+                    for i, item in enumerate(request.inputs) if isinstance(item, (EncodedImage, ImageUrl))}
         images = {}
         for i, item in enumerate(request.inputs):
             if not isinstance(item, str):

@@ -238,7 +238,7 @@ def test_text_objects_are_the_plain_texts_vectors_on_a_text_model(tiny_engine):
     np.testing.assert_array_equal(vectors_of(ok(tiny_engine, {"input": items}, "v1/embeddings")), plain)
     np.testing.assert_array_equal(vectors_of(ok(tiny_engine, {"input": items})), plain)  # the native route
     status, answer = call(tiny_engine, {"input": [{"text": "a"}, {"image": "iVBORw0KGgo="}]}, "v1/embeddings")
-    assert status == 400 and answer["error"]["param"] == "input[1]" and "reads texts" in answer["error"]["message"]
+    assert status == 400 and answer["error"]["param"] == "input[1].image" and "reads texts" in answer["error"]["message"]
     status, answer = call(tiny_engine, {"input": [{"text": "a"}], "modality": "text"}, "v1/embeddings")
     assert status == 400 and answer["error"]["param"] == "modality"
     status, answer = call(tiny_engine, {"inputs": [{"text": "a"}]}, "embed")  # TEI's routes take strings

@@ -19,9 +19,9 @@ def test_objects_are_read_as_their_kind_beside_plain_items():
     items = read_items([{"text": "a cat"}, "plain", [5, 6], {"image": "data:image/png;base64,iVBO"},
                         {"image": "iVBORw0KGgo="}, {"bytes": "R0lGOD"}, {"url": "https://img.example/a.png"},
                         {"image": "http://img.example/b.png"}], "input", allow_token_ids=True)
-    assert items == ("a cat", "plain", (5, 6), EncodedImage("image/png", "iVBO"), EncodedImage("", "iVBORw0KGgo="),
-                     EncodedImage("", "R0lGOD"), ImageUrl("https://img.example/a.png"),
-                     ImageUrl("http://img.example/b.png"))
+    assert items == ("a cat", "plain", (5, 6), EncodedImage("image/png", "iVBO", "image"),
+                     EncodedImage("", "iVBORw0KGgo=", "image"), EncodedImage("", "R0lGOD", "bytes"),
+                     ImageUrl("https://img.example/a.png", "url"), ImageUrl("http://img.example/b.png", "image"))
 
 
 @pytest.mark.parametrize("item, param, words", [
