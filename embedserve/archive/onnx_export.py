@@ -152,9 +152,7 @@ def export_towers_onnx(model_dir: Path, text_length: int | None) -> str:
     vision = _export_tower(_ImageFeatures(model), (pixels[:2],), ["pixel_values"], "image_embeds",
                            model_dir / VISION_ONNX_FILE,
                            lambda path: OnnxImageTower(path, threads=1)(pixels), expected_images)
-    fed_ids, fed_mask = feed(ids, mask)
-    text = _export_tower(_TextFeatures(model), (fed_ids[:2], torch.ones_like(fed_ids[:2]) if fed_mask is None
-                                                else fed_mask[:2]),
+    text = _export_tower(_TextFeatures(model), feed.graph_inputs(ids[:2], mask[:2]),
                          ["input_ids", "attention_mask"], "text_embeds", model_dir / TEXT_TOWER_ONNX_FILE,
                          lambda path: OnnxTextTower(path, threads=1, feed=feed)(ids, mask), expected_texts)
     return f"vision tower {vision}; text tower {text}"

@@ -71,8 +71,7 @@ class OnnxTransformer(_ThreadSessions):
 
 class OnnxTextTower(_ThreadSessions):
     """An image-text model's text tower (its export by the build, archive/onnx_export.py), fed as
-    torch's TextTower feeds it (model/towers.py: SigLIP's re-padding; a model that is given no
-    mask attends to every position, as an all-ones mask has it): (batch, seq) ids and mask in,
+    torch's TextTower feeds it (model/towers.py: SigLIP's re-padding): (batch, seq) ids and mask in,
     (batch, dimension) projected text features out. On a 2-core CPU it runs CLIP ViT-B/32's text
     tower about 1.4x as fast as torch eager (docs/performance.md)."""
 
@@ -82,9 +81,8 @@ class OnnxTextTower(_ThreadSessions):
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, segments: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        ids, mask = self.feed(ids, attention)
-        feed = graph_feed(ids, torch.ones_like(ids) if mask is None else mask, None)
-        return torch.from_numpy(self._session_now().run(None, feed)[0])
+        fed_ids, mask = self.feed.graph_inputs(ids, attention)
+        return torch.from_numpy(self._session_now().run(None, graph_feed(fed_ids, mask, None))[0])
 
 
 class OnnxImageTower(_ThreadSessions):

@@ -96,6 +96,12 @@ class TextFeed:
             ids, attention = padded_to(self.length, ids, attention, self.pad_id)
         return ids, attention if self.masked else None
 
+    def graph_inputs(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tower's export's inputs: a model given no mask attends to every position, as an
+        all-ones mask has it."""
+        ids, mask = self(ids, attention)
+        return ids, torch.ones_like(ids) if mask is None else mask
+
 
 class TextTower:
     """(batch, seq) right-padded ids and attention mask -> (batch, dimension) projected text features.

@@ -14,9 +14,9 @@ from typing import Any, Callable
 from embedserve.handler.api.codec import check_method, decode_body, encode_error, is_text, option_value
 from embedserve.handler.api.errors import RequestError, malformed
 from embedserve.handler.api.route import Route
-from embedserve.handler.model.description import Task
 from embedserve.handler.inputs.items import has_objects, read_items
 from embedserve.handler.inputs.text import read_inputs, read_text
+from embedserve.handler.model.description import Task
 from embedserve.handler.tasks.embed import IGNORED_FIELDS, EmbeddingRequest, parse_options
 
 # (body, content type, method) -> the task's request; raises RequestError naming the field.

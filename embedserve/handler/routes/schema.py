@@ -8,7 +8,6 @@ schemas every route shares. Each family declares its own operations and schemas 
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -352,15 +351,20 @@ def image_schemas(model: ServedModel) -> dict[str, Any]:
              "description": f"an image as a data URI (data:image/png;base64,...) of {', '.join(MEDIA_TYPES)}, at "
                             f"most max_image_bytes={limits.max_image_bytes} bytes and max_image_pixels="
                             f"{limits.max_image_pixels} pixels; {urls}"}
-    most = min(limits.max_images_per_request, model.settings.max_inputs_per_request)
     return {"Image": image,
-            "ImageInputs": {"anyOf": [ref("Image"), {**many(model), "maxItems": most, "items": ref("Image")}],
+            "ImageInputs": {"anyOf": [ref("Image"), {**many(model), "maxItems": most_images(model),
+                                                     "items": ref("Image")}],
                             "description": "with \"modality\": \"image\": an image, or a list of images"},
             "ImageObject": {"anyOf": [_one_key("image", {"anyOf": [ref("Image"), BASE64]}), _one_key("bytes", BASE64),
                                       *([_one_key("url", {"type": "string", "pattern": f"^{url}"})] if hosts else [])],
                             "description": f"Jina's image item: {{\"image\": a data URI, base64 of the file, or a "
                                            f"URL}}, or {{\"bytes\": base64}}, {{\"url\": ...}}; at most "
                                            f"max_images_per_request={limits.max_images_per_request} a request"}}
+
+
+def most_images(model: ServedModel) -> int:
+    """Images a request may hold: max_images_per_request, within max_inputs_per_request."""
+    return min(model.settings.max_images_per_request, model.settings.max_inputs_per_request)
 
 
 # A TCP port, 1 to 65535.
@@ -390,8 +394,7 @@ def item_schemas(model: ServedModel) -> dict[str, Any]:
     objects = [_one_key("text", ref("Text")), *([ref("ImageObject")] if model.reads_images else [])]
     items = {**many(model), "items": {"anyOf": [ref("Text"), ref("TokenIds"), *objects]}, "contains": {"type": "object"}}
     if model.reads_images:
-        most = min(ImageLimits.of(model.settings).max_images_per_request, model.settings.max_inputs_per_request)
-        items["allOf"] = [{"contains": ref("ImageObject"), "minContains": 0, "maxContains": most}]
+        items["allOf"] = [{"contains": ref("ImageObject"), "minContains": 0, "maxContains": most_images(model)}]
     return {"ItemInputs": {**items, "description": "a list of inputs of which some are item objects: {\"text\": ...}"
                                                    + (" or an image" if model.reads_images else "")}}
 

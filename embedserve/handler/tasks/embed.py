@@ -300,8 +300,7 @@ class EmbedTask:
         images = self._image_items(request)
         if images:
             self._check_images(request, images)
-        else:
-            self.check_limits(request)
+        self.check_limits(request, images)
         self._check_options(request, normalize)
         prompt = self._prompt_of(request)
         texts: dict[int, str] = {}
@@ -336,8 +335,8 @@ class EmbedTask:
 
     def _check_images(self, request: EmbeddingRequest, images: dict[int, tuple[Any, str]]) -> None:
         """A request with images (the image kind, inputs/image.py): a model that reads them, a route
-        that answers them, the options that shape texts alone refused; the texts beside them checked
-        as any text is."""
+        that answers them, the options that shape texts alone refused (their count and bytes:
+        check_limits, with the texts beside them)."""
         param = "modality" if _modality(request) == "image" else next(iter(images.values()))[1]
         if self.images is None:
             raise unprocessable(f"'{param}': images need a model that reads images; this one reads texts", param=param)
@@ -350,11 +349,6 @@ class EmbedTask:
                                 param="long_input")
         if options.prompt_name is not None and len(images) == len(request.inputs):
             raise unprocessable("'prompt_name' applies to texts, and these inputs are images", param="prompt_name")
-        self.checks.count(request)
-        check_count([image for image, _ in images.values()], request.field, self.images.limits)
-        for i, item in enumerate(request.inputs):
-            if isinstance(item, str) and i not in images:
-                self.checks.text.chars(item, request.param(i))
 
     def _tokenize(self, checked: dict[int, _Checked], budget: WorkBudget | None) -> dict[int, Job | RequestError]:
         """The checked requests' texts tokenized in one call, then each request finished on its
@@ -438,11 +432,15 @@ class EmbedTask:
         self.checks.tokens(job.tokens, request.field, budget)
         return job
 
-    def check_limits(self, request: EmbeddingRequest) -> None:
-        """Input count and characters per text, both before any tokenizing."""
+    def check_limits(self, request: EmbeddingRequest, images: dict[int, tuple[Any, str]] | None = None) -> None:
+        """Input count, the count and bytes of the `images` among them (by index, as _image_items
+        gives them), and characters per text: before any tokenizing or decoding."""
+        images = images or {}
         self.checks.count(request)
+        if images:
+            check_count([image for image, _ in images.values()], request.field, self.images.limits)
         for i, item in enumerate(request.inputs):
-            if isinstance(item, str):
+            if isinstance(item, str) and i not in images:
                 self.checks.text.chars(item, request.param(i))
 
     def _check_options(self, request: EmbeddingRequest, normalize: bool, answer: bool = True) -> None:
