@@ -5,7 +5,10 @@ behind them are in tests/support/."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,13 @@ from tests.support.model_families import FAMILIES, make_family
 from tests.support.redis_server import RedisServer
 from tests.support.serving import ARCHIVES, FLOAT32, TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
 from tests.support.tiny_model import PROMPTS, make_tiny_model
+
+# The session's servers share their engine trials (embedserve/handler/execution/engine_trial.py),
+# as a user's servers on one machine do, but not with earlier runs or the user's own servers. The
+# first process sets it; the pytest workers and the servers inherit it.
+if "EMBEDSERVE_CACHE_DIR" not in os.environ:
+    os.environ["EMBEDSERVE_CACHE_DIR"] = tempfile.mkdtemp(prefix="embedserve-cache-")
+    atexit.register(shutil.rmtree, os.environ["EMBEDSERVE_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,14 @@ LONG_TEXT = "a " * 300  # 300 tokens: cut at MiniLM's 256, and 4096 of them stay
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("default-build"), []) as ts:  # no arguments: the default build
+def trials(tmp_path_factory):
+    """The module's own engine-trial cache: its server measures rather than reading another's."""
+    return {"EMBEDSERVE_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, trials):
+    with serving(tmp_path_factory.mktemp("default-build"), [], env=trials) as ts:  # no arguments: the default build
         wait_all_ready(ts)
         yield ts
 
@@ -85,7 +91,24 @@ def test_the_workers_serve_the_engine_measured_fastest_here_and_agree_on_it(serv
         == set(speeds)
     assert f"{info['engine']} {info['model_dtype']}" == choose(speeds, "onnxruntime float32")[0]
     assert log.count("engine trial: measured") == 1, log  # one worker measured ...
-    assert "by another worker of this server" in log  # ... the other read its choice
+    assert "by an earlier worker on this machine" in log  # ... the other read its choice
+
+
+@pytest.mark.skipif(bf16_units() is None, reason="no engine trial on a CPU without bfloat16 units")
+def test_a_second_server_of_the_archive_reads_the_trial_instead_of_timing_again(server, trials, tmp_path):
+    """The trial is remembered on the machine: a restarted server, or another of the same
+    archive, serves the same choice from the record without loading the models it times."""
+    wait_all_ready(server)
+    first = requests.get(f"{server.url('inference')}/predictions/{MODEL}/1.0/info", headers=server.auth(),
+                         timeout=30).json()
+    with serving(tmp_path, [], env=trials) as second:
+        wait_all_ready(second)
+        info = requests.get(f"{second.url('inference')}/predictions/{MODEL}/1.0/info", headers=second.auth(),
+                            timeout=30).json()
+        log = (second.logs / "model_log.log").read_text()
+    assert (info["engine"], info["model_dtype"]) == (first["engine"], first["model_dtype"])
+    assert info["selected_by"]["speeds"] == first["selected_by"]["speeds"]
+    assert "engine trial: measured" not in log and log.count("by an earlier worker on this machine") >= 2, log
 
 
 def test_a_lone_request_runs_on_every_cpu_and_says_where_its_time_went(server):

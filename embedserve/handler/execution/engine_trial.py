@@ -13,9 +13,14 @@ only by a clear margin, so noise cannot flip the choice:
 - a challenger wins if its tokens/s on the full pass are at least MARGIN times the default's
   and one text takes it no more than MARGIN times as long.
 
-The workers of one server make one choice: the first to get here measures, under a file lock,
-and writes the outcome where the others read it (per model, worker threads and server
-process). A restarted worker reads it too, and starts without measuring again.
+The workers of one machine make one choice a model: the first to get here measures, under a file
+lock, and writes the outcome where the others read it (trial_key: the archive's revision, the
+candidates, worker threads, the CPU, the engines' versions and the machine's boot). A restarted
+worker, a restarted server and a second server of the same archive read it too, and start without
+measuring again: a trial costs a worker start about 3 s of CPU (MiniLM: 5 s), the torch model
+it loads only to time it. The outcome lives in the user's cache folder (trial_directory), until
+the machine restarts or the file is deleted; where that folder cannot be written, in the
+server's temporary folder, for its own workers.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import IO, Iterator, Mapping
 
 import torch
 
@@ -43,6 +49,8 @@ from embedserve.handler.worker.cpu_lending import lock_directory
 log = logging.getLogger(__name__)
 
 MARGIN = 1.2
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+ENGINE_PACKAGES = ("onnxruntime", "openvino")  # torch's own version is torch.__version__
 TRIAL_ROWS, TRIAL_LENGTH = 8, 64  # a full pass: 512 tokens, as the warm-up's calibration times
 ROUNDS = 3
 
@@ -123,16 +131,45 @@ def choose(timings: Mapping[str, Timing], default: str) -> tuple[str, str]:
 
 def trial_key(model_dir: Path, settings: Settings, placement: Placement, names: list[str]) -> str:
     """What makes two workers' trials the same: the model, its candidates, the worker's threads,
-    the CPU and the server process (the server starts every worker, restarts included, from
-    its frontend process)."""
-    facts = [str(Path(model_dir).resolve()), settings.revision, *names, placement.cpu_threads, placement.lend_cpus,
-             cpu_model_name(), torch.__version__, os.getppid()]
+    the CPU, the engines' versions and the machine's boot. An archive's revision names its
+    files wherever it is unpacked; a folder without one is keyed by its path and the server
+    process (its files may change under the same path)."""
+    model = [settings.revision] if settings.revision else [str(Path(model_dir).resolve()), os.getppid()]
+    facts = [*model, *names, placement.cpu_threads, placement.lend_cpus, cpu_model_name(), torch.__version__,
+             *map(_version, ENGINE_PACKAGES), _boot_id()]
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 
+def trial_directory() -> Path | None:
+    """The cache folder every server of this user on this machine shares: EMBEDSERVE_CACHE_DIR,
+    else the user's cache folder (XDG_CACHE_HOME, else ~/.cache); None for a user without a home
+    (a container's arbitrary user id)."""
+    cache = os.environ.get("EMBEDSERVE_CACHE_DIR")
+    if not cache:
+        try:
+            cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "embedserve"
+        except (RuntimeError, KeyError):
+            return None
+    return Path(cache) / "engine-trials"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _boot_id() -> str:
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
 class SharedTrial:
-    """The trial's outcome in a file beside the CPU-lending locks: `recorded` holds what the
-    first worker wrote, or None, in which case this worker measures and `record`s."""
+    """The trial's outcome in a file beside its lock: `recorded` holds what the first worker
+    wrote, or None, in which case this worker measures and `record`s."""
 
     def __init__(self, path: Path | None):
         self.path = path  # None: not shared
@@ -151,13 +188,10 @@ class SharedTrial:
 @contextmanager
 def shared_trial(key: str, directory: Path | None = None) -> Iterator[SharedTrial]:
     """Hold the trial's lock while the caller measures or reads (a second worker waits here for
-    the first's outcome). Without a usable lock directory every worker measures for itself."""
-    directory = directory or lock_directory()
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = open(directory / f"engine-trial-{key}.lock", "ab")
-    except OSError as err:
-        log.warning("engine trial not shared with the other workers: %s", err)
+    the first's outcome). In the user's cache folder, else the server's temporary folder;
+    without either every worker measures for itself."""
+    lock, directory = _open_lock(key, [directory] if directory else [trial_directory(), lock_directory()])
+    if lock is None:
         yield SharedTrial(None)
         return
     with lock:
@@ -168,3 +202,16 @@ def shared_trial(key: str, directory: Path | None = None) -> Iterator[SharedTria
         except (OSError, ValueError):
             trial.recorded = None
         yield trial
+
+
+def _open_lock(key: str, directories: list[Path | None]) -> tuple[IO[bytes] | None, Path | None]:
+    """The trial's lock file in the first of `directories` that can hold it."""
+    problem: OSError | str = "no folder"
+    for directory in filter(None, directories):
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return open(directory / f"engine-trial-{key}.lock", "ab"), directory
+        except OSError as err:
+            problem = err
+    log.warning("engine trial not shared with the other workers: %s", problem)
+    return None, None

@@ -122,7 +122,7 @@ def _fastest(model_dir: Path, settings: Settings, placement: Placement, parts: M
         recorded = trial.recorded
         if recorded and recorded.get("choice") in names:
             selection = _build(model_dir, candidates[names.index(recorded["choice"])], placement, parts)
-            selection.reasons.update(dtype=f"{recorded['reason']}, by another worker of this server",
+            selection.reasons.update(dtype=f"{recorded['reason']}, by an earlier worker on this machine",
                                      speeds=recorded["timings"])
             return selection
         built = {}

@@ -1,5 +1,5 @@
 """The CPU engine trial: which engines are tried on which CPU, the choice with its margin, one
-choice per server, and the whole selection on a real model with its real backends."""
+choice per model on a machine, and the whole selection on a real model with its real backends."""
 
 from __future__ import annotations
 
@@ -124,9 +124,65 @@ def test_an_unusable_lock_directory_means_every_worker_measures(tmp_path):
         trial.record("torch bfloat16", "measured", {})  # nowhere to write: nothing raised
 
 
+def test_without_a_writable_cache_folder_the_servers_own_folder_shares_the_trial(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("EMBEDSERVE_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.setattr(engine_trial, "lock_directory", lambda: tmp_path / "server-tmp")
+    with shared_trial("key") as trial:
+        trial.record("torch bfloat16", "measured", {})
+    assert (tmp_path / "server-tmp" / "engine-trial-key.json").is_file()
+
+
+def test_the_cache_folder_is_the_settings_then_the_users(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBEDSERVE_CACHE_DIR", str(tmp_path / "mine"))
+    assert engine_trial.trial_directory() == tmp_path / "mine" / "engine-trials"
+    monkeypatch.delenv("EMBEDSERVE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert engine_trial.trial_directory() == tmp_path / "xdg" / "embedserve" / "engine-trials"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert engine_trial.trial_directory() == tmp_path / "home" / ".cache" / "embedserve" / "engine-trials"
+
+    def homeless():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(engine_trial.Path, "home", homeless)  # a container's arbitrary user id
+    assert engine_trial.trial_directory() is None
+    monkeypatch.setattr(engine_trial, "lock_directory", lambda: tmp_path / "server-tmp")
+    with shared_trial("key") as trial:
+        trial.record("torch bfloat16", "measured", {})
+    assert (tmp_path / "server-tmp" / "engine-trial-key.json").is_file()
+
+
+def test_servers_of_one_archive_share_a_trial_and_what_changes_the_passes_does_not(tmp_path, monkeypatch):
+    """An archive is keyed by its revision, wherever TorchServe unpacks it and whichever server
+    process starts the worker; a folder without a revision by its path and server process."""
+    placement = cpu_placement(cpu_threads=1)
+    archive = Settings.from_mapping({"device": "cpu", "revision": "sha256:abc"})
+    names = ["onnxruntime float32", "torch bfloat16"]
+    key = engine_trial.trial_key(tmp_path / "one", archive, placement, names)
+    monkeypatch.setattr(engine_trial.os, "getppid", lambda: 1)  # another server process
+    assert engine_trial.trial_key(tmp_path / "two", archive, placement, names) == key
+    changed = [
+        engine_trial.trial_key(tmp_path / "one", Settings.from_mapping({"device": "cpu", "revision": "sha256:abd"}),
+                               placement, names),
+        engine_trial.trial_key(tmp_path / "one", archive, cpu_placement(cpu_threads=2), names),
+        engine_trial.trial_key(tmp_path / "one", archive, placement, names[:1]),
+    ]
+    monkeypatch.setattr(engine_trial, "_boot_id", lambda: "another boot")
+    changed.append(engine_trial.trial_key(tmp_path / "one", archive, placement, names))
+    assert key not in changed and len(set(changed)) == len(changed)
+    folder = Settings.from_mapping({"device": "cpu"})
+    first = engine_trial.trial_key(tmp_path / "one", folder, placement, names)
+    assert engine_trial.trial_key(tmp_path / "two", folder, placement, names) != first
+    monkeypatch.setattr(engine_trial.os, "getppid", lambda: 2)
+    assert engine_trial.trial_key(tmp_path / "one", folder, placement, names) != first
+
+
 @pytest.fixture
 def trial_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_trial, "lock_directory", lambda: tmp_path / "locks")
+    monkeypatch.setattr(engine_trial, "trial_directory", lambda: tmp_path / "locks")
     monkeypatch.setattr(engine_trial, "bf16_units", lambda flags=None: "amx_bf16")  # any CPU runs bf16, if slowly
     return tmp_path / "locks"
 
@@ -170,7 +226,7 @@ def test_a_second_worker_reads_the_choice_instead_of_measuring(onnx_model_dir, t
     monkeypatch.setattr(select, "time_candidates", no_measuring)
     second = make_engine(onnx_model_dir, **VERIFIED).info()
     assert (second["model_dtype"], second["engine"]) == ("float32", "onnxruntime")
-    assert second["selected_by"]["dtype"].endswith("by another worker of this server")
+    assert second["selected_by"]["dtype"].endswith("by an earlier worker on this machine")
     assert second["selected_by"]["speeds"] == first["selected_by"]["speeds"]
 
 
