@@ -16,18 +16,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from embedserve.archive.corpus import mixed_corpus
 from embedserve.archive.int8_calibration import CALIBRATION_SEED, CALIBRATION_TEXTS
 from embedserve.handler.assembly import assemble
-from embedserve.handler.backends.onnx_runtime import ONNX_FILE
-from embedserve.handler.backends.openvino_runtime import openvino_available
+from embedserve.handler.backends.onnx_runtime import ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower
+from embedserve.handler.backends.openvino_runtime import OpenVinoImageTower, openvino_available
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.settings import Settings
 from embedserve.handler.model.inputs import plain_inputs
 
 BF16_MIN_COSINE = 0.999
+CHECK_IMAGES = 8  # half smooth colour gradients, half noise, at several sizes
 
 
 class Bf16Refused(ValueError):
@@ -91,3 +93,43 @@ def _embed(model_dir: Path, handler: dict, texts: list[str], *, engine: str, dty
     if dtype == "bfloat16" and getattr(transformer, "dtype", torch.bfloat16) != torch.bfloat16:
         return None
     return l2_normalize(service.encoder.embed(plain_inputs(service.text.token_ids(texts))).vectors)
+
+
+def verified_vision_engines(model_dir: Path, handler: dict) -> tuple[list[str], list[str]]:
+    """For an auto build of an image-text model whose vision tower exported: OpenVINO's bfloat16
+    tower where its image vectors are within the bar of ONNX Runtime's float32 ones on the check's
+    images, prepared by the folder's own image processor; and the report. Its texts stay float32."""
+    path = model_dir / VISION_ONNX_FILE
+    forced = handler["dtype"] != "auto" or handler["device"] not in ("auto", "cpu") or \
+        handler.get("engine", "auto") != "auto"
+    if forced or not path.is_file() or not openvino_available():
+        return [], []
+    tower = OpenVinoImageTower(path, threads=1)
+    if tower.dtype != torch.bfloat16:
+        return [], ["bfloat16 (openvino, vision tower): not verified, this CPU computes it in float32 (no bf16 "
+                    "units); build on a CPU with amx_bf16 or avx512_bf16 to ship it"]
+    pixels = _check_pixels(model_dir)
+    reference = l2_normalize(OnnxImageTower(path, threads=1)(pixels))
+    cosine = round(float((l2_normalize(tower(pixels)) * reference).sum(1).min()), 6)
+    verdict = "ships" if cosine >= BF16_MIN_COSINE else "refused, below the bar"
+    return (["openvino"] if cosine >= BF16_MIN_COSINE else []), [
+        f"bfloat16 (openvino, vision tower): min cosine {cosine:.6f} to float32 over {len(pixels)} images "
+        f"(bar {BF16_MIN_COSINE}): {verdict}"]
+
+
+def _check_pixels(model_dir: Path) -> torch.Tensor:
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    rng = np.random.default_rng(CALIBRATION_SEED)
+    images = []
+    for index in range(CHECK_IMAGES):
+        width, height = int(rng.integers(64, 640)), int(rng.integers(64, 480))
+        if index % 2:
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        else:  # a smooth gradient between two random colours
+            ramp = np.linspace(0.0, 1.0, width)[None, :, None]
+            start, end = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+            pixels = np.broadcast_to(start + (end - start) * ramp, (height, width, 3)).astype(np.uint8)
+        images.append(Image.fromarray(np.ascontiguousarray(pixels), "RGB"))
+    return AutoImageProcessor.from_pretrained(model_dir)(images=images, return_tensors="pt")["pixel_values"]

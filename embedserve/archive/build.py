@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from embedserve.archive.bf16_check import require_bf16, verified_engines
+from embedserve.archive.bf16_check import require_bf16, verified_engines, verified_vision_engines
 from embedserve.archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
 from embedserve.archive.default_model import NAME as DEFAULT_NAME
 from embedserve.archive.default_model import fetch_default_model
@@ -162,11 +162,11 @@ def make_archive(args: argparse.Namespace) -> Archive:
                   file=sys.stderr)
         elif description.towers:  # its towers run in ONNX Runtime on a CPU where they export, else in torch
             print(f"an image-text model ({description.towers.architecture}: texts and images into one "
-                  f"{dimension}-wide space): the torch engine; bfloat16 CPU engines: not checked for image-text "
-                  "models, CPU workers serve float32", file=sys.stderr)
+                  f"{dimension}-wide space): the torch engine", file=sys.stderr)
             if serves_onnx(config["handler"]) and config["handler"]["engine"] == "auto":
                 outcome = export_towers_onnx(stage / "model", description.towers.text_length)
                 print(f"ONNX Runtime (the CPU engine of its towers): {outcome}", file=sys.stderr)
+            check_vision_bf16(args, config["handler"], stage / "model")
         elif serves_onnx(config["handler"]):
             # A causal reranker exports its transformer's states, as an embedding model: its score is a head after.
             outcome = export_onnx(stage / "model", description.usable_positions,
@@ -236,6 +236,17 @@ def check_cpu_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> 
     else:
         handler["cpu_bf16_engines"], lines = verified_engines(model_dir, handler)
     for line in lines:
+        print(line, file=sys.stderr)
+
+
+def check_vision_bf16(args: argparse.Namespace, handler: dict, model_dir: Path) -> None:
+    """An image-text model's bfloat16 vision tower, listed in the handler section where it is within
+    the bar (embedserve/archive/bf16_check.py); its texts run in float32."""
+    if args.skip_check:
+        lines = ["bfloat16 CPU engines: not checked (--skip-check); CPU workers serve float32"]
+    else:
+        handler["cpu_bf16_engines"], lines = verified_vision_engines(model_dir, handler)
+    for line in lines or ["bfloat16 CPU engines: none for this build (its towers run in float32 on a CPU)"]:
         print(line, file=sys.stderr)
 
 

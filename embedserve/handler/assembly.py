@@ -136,7 +136,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
     runs, placement = encoder.describe(), encoder.placement  # in the dtype the engine trial chose
     dtype = f"int8:{runs['engine']}:" + ",".join(placement.int8_fp32_layers) if placement.int8 \
         else f"{placement.dtype}:{runs['engine']}"
-    dtype += f":{runs['layout']}"
+    dtype += f":{runs['layout']}" + (f":images on {runs['image_engine']}" if "image_engine" in runs else "")
     # The cache keeps the rows of the model's kind (dense, sparse, token vectors, bge-m3's three) by its row class's
     # codec (`rows` is a row class, or a partial of one).
     cache = open_cache(

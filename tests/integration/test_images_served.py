@@ -17,6 +17,7 @@ import pytest
 import requests
 from PIL import Image
 
+from embedserve.archive.bf16_check import BF16_MIN_COSINE
 from tests.support.catalog import IMAGE_TEXT, SIGLIP
 from tests.support.client import worker_identities
 from tests.support.image_host import image_host
@@ -51,6 +52,16 @@ def post(catalog, body, route="v1/embeddings", model=IMAGE_TEXT):
                          headers=catalog.auth(), timeout=120)
 
 
+def image_bar(catalog, model=IMAGE_TEXT) -> float:
+    """The least cosine of the served image vectors to sentence-transformers': float32's, or the
+    build's bfloat16 bar where the worker's engine trial chose the bfloat16 vision tower (on a
+    CPU with bf16 units; the tiny towers here run faster in float32, so float32 is what is expected)."""
+    info = requests.get(f"{catalog.url('inference')}/predictions/{model}/1.0/info", headers=catalog.auth(),
+                        timeout=60).json()
+    assert info["image_engine"] in ("onnxruntime", "openvino bfloat16"), info
+    return MIN_COSINE if info["image_engine"] == "onnxruntime" else BF16_MIN_COSINE
+
+
 def cosines(got, want):
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     return (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
@@ -61,19 +72,21 @@ def test_images_and_texts_are_sentence_transformers_vectors_in_one_space(catalog
     answer = post(catalog, {"input": [uri for _, _, uri in images], "modality": "image"})
     assert answer.status_code == 200, answer.text
     got = [row["embedding"] for row in answer.json()["data"]]
-    assert cosines(got, reference.encode([image for image, _, _ in images])).min() >= MIN_COSINE
+    assert cosines(got, reference.encode([image for image, _, _ in images])).min() >= image_bar(catalog)
     texts = post(catalog, {"input": TEXTS})
     assert cosines([row["embedding"] for row in texts.json()["data"]], reference.encode(TEXTS)).min() >= MIN_COSINE
     # The native route, unnormalized and with fewer dimensions, as for texts.
     native = requests.post(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}", headers=catalog.auth(),
                            json={"input": images[0][2], "modality": "image", "normalize": False}, timeout=120)
     assert native.status_code == 200, native.text
-    assert np.allclose(native.json()["data"][0]["embedding"], reference.encode([images[0][0]])[0], atol=1e-5)
+    got, want = native.json()["data"][0]["embedding"], reference.encode([images[0][0]])[0]
+    close = 1e-5 if image_bar(catalog) == MIN_COSINE else 1e-2  # bfloat16's rounding
+    assert cosines([got], [want])[0] >= image_bar(catalog) and np.allclose(got, want, atol=close, rtol=close)
     info = requests.get(f"{catalog.url('inference')}/predictions/{IMAGE_TEXT}/1.0/info", headers=catalog.auth(),
                         timeout=60).json()
     assert info["embedding_dimension"] == reference.get_embedding_dimension() == 16
     assert info["modalities"] == ["text", "image"] and info["image_limits"]["max_image_pixels"] == 40_000_000
-    assert info["engine"] == "onnxruntime" and info["image_engine"] == "onnxruntime"  # the towers' exports
+    assert info["engine"] == "onnxruntime" and info["image_engine"] in ("onnxruntime", "openvino bfloat16")
 
 
 def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog, catalog_models):
@@ -99,11 +112,11 @@ def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog,
     answer = post(catalog, {"input": [uri for _, _, uri in images], "modality": "image"}, model=SIGLIP)
     assert answer.status_code == 200, answer.text
     reference = SentenceTransformer(str(folder), device="cpu").encode([image for image, _, _ in images])
-    assert cosines([row["embedding"] for row in answer.json()["data"]], reference).min() >= MIN_COSINE
+    assert cosines([row["embedding"] for row in answer.json()["data"]], reference).min() >= image_bar(catalog, SIGLIP)
     info = requests.get(f"{catalog.url('inference')}/predictions/{SIGLIP}/1.0/info", headers=catalog.auth(),
                         timeout=60).json()
     assert info["modalities"] == ["text", "image"] and info["embedding_dimension"] == 32
-    assert info["engine"] == info["image_engine"] == "onnxruntime"  # texts re-padded to 64 before the export
+    assert info["engine"] == "onnxruntime" and info["image_engine"] in ("onnxruntime", "openvino bfloat16")
 
 
 def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, reference):
@@ -113,7 +126,7 @@ def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, refere
     result = client.embeddings.create(model=IMAGE_TEXT, input=[uri for _, _, uri in images],
                                       extra_body={"modality": "image"})  # the client asks for base64
     assert cosines([d.embedding for d in result.data],
-                   reference.encode([image for image, _, _ in images])).min() >= MIN_COSINE
+                   reference.encode([image for image, _, _ in images])).min() >= image_bar(catalog)
     with pytest.raises(openai.BadRequestError) as refused:
         client.embeddings.create(model=IMAGE_TEXT, input=["https://example.com/cat.png"],
                                  extra_body={"modality": "image"})
@@ -131,7 +144,7 @@ def test_cohere_s_client_embeds_images_and_texts_unchanged(catalog, reference):
     answer = client.embed(model=IMAGE_TEXT, images=[uri for _, _, uri in images], input_type="image",
                           embedding_types=["float", "int8", "base64"])
     want = reference.encode([image for image, _, _ in images])
-    assert cosines(answer.embeddings.float_, want).min() >= MIN_COSINE
+    assert cosines(answer.embeddings.float_, want).min() >= image_bar(catalog)
     floats = np.asarray([np.frombuffer(base64.b64decode(row), "<f4") for row in answer.embeddings.base64])
     assert np.array_equal(floats, np.asarray(answer.embeddings.float_, dtype=np.float32))
     assert cosines(answer.embeddings.int8, want).min() >= 0.99  # int8 codes of the same unit vectors
@@ -165,7 +178,8 @@ def test_each_bad_image_is_refused_alone_and_its_batch_is_served(catalog, refere
         assert answer.status_code == status and words in answer.text, (name, answer.text)
         assert answer.json()["error"]["param"] == "input[1]", name
     for answer in answers[len(BAD_IMAGES):]:
-        assert answer.status_code == 200 and cosines([answer.json()["data"][0]["embedding"]], want)[0] >= MIN_COSINE
+        assert answer.status_code == 200
+        assert cosines([answer.json()["data"][0]["embedding"]], want)[0] >= image_bar(catalog)
     assert worker_identities(catalog, IMAGE_TEXT) == pids  # no worker died of any of them
 
 
@@ -201,7 +215,7 @@ def test_texts_and_images_in_one_request_as_jina_s_item_objects(catalog, referen
         assert answer.status_code == 200, answer.text
         rows = answer.json()["data"]
         assert [row["index"] for row in rows] == list(range(5))
-        assert cosines([row["embedding"] for row in rows], want).min() >= MIN_COSINE, route
+        assert cosines([row["embedding"] for row in rows], want).min() >= image_bar(catalog), route
 
 
 BAD_OBJECTS = {
@@ -228,7 +242,7 @@ def test_each_bad_item_object_is_refused_naming_it_and_its_batch_is_served(catal
     want = [reference.encode([good[0]])[0], reference.encode([TEXTS[0]])[0]]
     for answer in answers[len(BAD_OBJECTS) + 1:]:
         assert answer.status_code == 200 and cosines([row["embedding"] for row in answer.json()["data"]],
-                                                     want).min() >= MIN_COSINE
+                                                     want).min() >= image_bar(catalog)
     # A model that reads texts alone refuses an image object, naming it.
     answer = requests.post(f"{catalog.url('inference')}/predictions/m3", headers=catalog.auth(), timeout=60,
                            json={"input": [{"text": "a"}, {"image": good[2]}]})
@@ -246,9 +260,9 @@ def test_image_urls_are_fetched_from_the_hosts_the_build_names_and_no_others(cat
         answer = post(catalog, {"input": items})
         assert answer.status_code == 200, answer.text
         want = [*reference.encode([picture, picture]), reference.encode([TEXTS[0]])[0]]
-        assert cosines([row["embedding"] for row in answer.json()["data"]], want).min() >= MIN_COSINE
+        assert cosines([row["embedding"] for row in answer.json()["data"]], want).min() >= image_bar(catalog)
         infinity = post(catalog, {"input": [host.url("/cat.png")], "modality": "image"})
-        assert cosines([infinity.json()["data"][0]["embedding"]], want[:1])[0] >= MIN_COSINE
+        assert cosines([infinity.json()["data"][0]["embedding"]], want[:1])[0] >= image_bar(catalog)
         for path, words in (("/moved", "redirects to"), ("/missing.png", "HTTP 404")):
             refused = post(catalog, {"input": [{"image": data_uri(data)}, {"image": host.url(path)}]})
             assert refused.status_code == 400 and words in refused.text, refused.text
@@ -269,7 +283,7 @@ def test_a_large_image_reaches_the_handler_and_a_request_over_its_image_bytes_is
     answer = post(catalog, {"input": [{"image": big}, {"text": TEXTS[0]}]})
     assert answer.status_code == 200, answer.text[:300]
     want = [reference.encode([picture])[0], reference.encode([TEXTS[0]])[0]]
-    assert cosines([row["embedding"] for row in answer.json()["data"]], want).min() >= MIN_COSINE
+    assert cosines([row["embedding"] for row in answer.json()["data"]], want).min() >= image_bar(catalog)
     two = data_uri(png + b"\0" * (int(8.2 * 2**20) - len(png)))
     refused = post(catalog, {"input": [two, two], "modality": "image"})
     assert refused.status_code == 413 and "max_image_request_bytes=16777216" in refused.text, refused.text[:300]

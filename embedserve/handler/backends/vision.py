@@ -1,5 +1,6 @@
 """Images through an image-text model's vision tower: torch's (model/towers.py), or its ONNX
-export on a CPU in float32 (backends/onnx_runtime.py).
+export on a CPU, in float32 on ONNX Runtime (backends/onnx_runtime.py) or in bfloat16 on OpenVINO
+(backends/openvino_runtime.py).
 
 Every image is prepared to the same size (inputs/image.py), so a pass is a stack of pixel values
 and costs the same positions an image: the planner cuts passes by count and the token budget
@@ -14,6 +15,7 @@ import torch
 
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.onnx_runtime import OnnxImageTower
+from embedserve.handler.backends.openvino_runtime import OpenVinoImageTower
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.towers import ImageTower
 from embedserve.handler.scheduling.planner import plan_sub_batches
@@ -25,7 +27,8 @@ class ImageInputs(NamedTuple):
 
 
 class VisionBackend:
-    def __init__(self, tower: ImageTower | OnnxImageTower, *, dtype: torch.dtype, device: torch.device):
+    def __init__(self, tower: ImageTower | OnnxImageTower | OpenVinoImageTower, *, dtype: torch.dtype,
+                 device: torch.device):
         self.tower = tower
         self.dtype = dtype
         self.device = device
@@ -48,4 +51,8 @@ class VisionBackend:
         return getattr(self.tower, "thread_counts", None)  # ONNX Runtime's sessions are made per thread count
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.tower.engine, "layout": "images stacked, one size", "cuda_graphs": 0}
+        # OpenVINO's tower computes in bfloat16 on float32 pixels (backends/openvino_runtime.py).
+        dtype = getattr(self.tower, "dtype", self.dtype)
+        engine = self.tower.engine if dtype == self.dtype else \
+            f"{self.tower.engine} {str(dtype).removeprefix('torch.')}"
+        return {"engine": engine, "layout": "images stacked, one size", "cuda_graphs": 0}

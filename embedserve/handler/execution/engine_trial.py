@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO, Callable, Iterator, Mapping
 
 import torch
 
@@ -52,6 +52,7 @@ MARGIN = 1.2
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 ENGINE_PACKAGES = ("onnxruntime", "openvino")  # torch's own version is torch.__version__
 TRIAL_ROWS, TRIAL_LENGTH = 8, 64  # a full pass: 512 tokens, as the warm-up's calibration times
+TRIAL_IMAGES = 4  # a vision tower's full pass
 ROUNDS = 3
 
 
@@ -110,7 +111,27 @@ def time_candidates(backends: Mapping[str, Backend], pad_id: int, max_positions:
             for name, seconds in best.items()}
 
 
-def choose(timings: Mapping[str, Timing], default: str) -> tuple[str, str]:
+def time_image_towers(towers: Mapping[str, Callable[[torch.Tensor], torch.Tensor]], size: int,
+                      positions: int) -> dict[str, Timing]:
+    """Each vision tower's speed on the same pixels, timed in turns as the text backends are: a
+    pass of TRIAL_IMAGES images and one image (`size` pixels square, `positions` patches each:
+    a ViT's tokens)."""
+    pixels = torch.randn((TRIAL_IMAGES, 3, size, size), generator=torch.Generator().manual_seed(0))
+    shapes = {"full": pixels, "one": pixels[:1]}
+    best = {name: {shape: float("inf") for shape in shapes} for name in towers}
+    with torch.inference_mode():
+        for round_ in range(ROUNDS + 1):  # round 0 warms each shape up and is not counted
+            for name, tower in towers.items():
+                for shape, batch in shapes.items():
+                    started = time.perf_counter()
+                    tower(batch)
+                    if round_:
+                        best[name][shape] = min(best[name][shape], time.perf_counter() - started)
+    return {name: Timing(round(TRIAL_IMAGES * positions / seconds["full"], 1), round(seconds["one"] * 1000, 3))
+            for name, seconds in best.items()}
+
+
+def choose(timings: Mapping[str, Timing], default: str, one: str = "text") -> tuple[str, str]:
     """The candidate to serve, and why: the fastest challenger by tokens/s where it clears the
     margin (module docstring), else the default."""
     base = timings[default]
@@ -119,14 +140,14 @@ def choose(timings: Mapping[str, Timing], default: str) -> tuple[str, str]:
         timing = timings[name]
         speedup, latency = timing.tokens_per_s / base.tokens_per_s, timing.one_text_ms / base.one_text_ms
         if speedup >= MARGIN and latency <= MARGIN:
-            return name, f"measured: {name} ran {speedup:.2f}x {default}'s tokens/s (one text: {latency:.2f}x " \
+            return name, f"measured: {name} ran {speedup:.2f}x {default}'s tokens/s (one {one}: {latency:.2f}x " \
                          f"its time)"
     if not challengers:
         return default, f"measured: {default}, the only candidate"
     best = challengers[0]
     ratio = timings[best].tokens_per_s / base.tokens_per_s
     return default, f"measured: {default}; the fastest challenger ({best}) ran {ratio:.2f}x its tokens/s, short " \
-                    f"of the {MARGIN}x margin, or slower on one text"
+                    f"of the {MARGIN}x margin, or slower on one {one}"
 
 
 def trial_key(model_dir: Path, settings: Settings, placement: Placement, names: list[str]) -> str:

@@ -33,13 +33,14 @@ from embedserve.handler.backends.cuda_graphs import REPLAY_TOLERANCE, Bucket, Gr
 from embedserve.handler.backends.onnx_runtime import (ONNX_FILE, TEXT_TOWER_ONNX_FILE, VISION_ONNX_FILE, OnnxImageTower,
                                                       OnnxTextTower, OnnxTransformer, onnx_file)
 from embedserve.handler.backends.openvino_runtime import PAD_MULTIPLE as OPENVINO_PAD_MULTIPLE
-from embedserve.handler.backends.openvino_runtime import OpenVinoTransformer, openvino_available
+from embedserve.handler.backends.openvino_runtime import OpenVinoImageTower, OpenVinoTransformer, \
+    openvino_available
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_ladder
 from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.backends.vision import VisionBackend
 from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
-    time_candidates, trial_key
+    time_candidates, time_image_towers, trial_key
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling, Towers
 from embedserve.handler.model.head import load_head, logit_score_head
@@ -234,19 +235,53 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
         facts = {"engine": "torch", "attention": text.attention}
     backend = PaddedBackend(text, modes=(), head=None, pad_id=parts.pad_id, pad_multiple=placement.pad_multiple,
                             device=placement.device, facts=facts)
+    image_reasons: dict[str, Any] = {}
     if onnx and (model_dir / VISION_ONNX_FILE).is_file():
-        tower: Any = OnnxImageTower(model_dir / VISION_ONNX_FILE, **threads)
+        size = int(model.config.vision_config.image_size)
+        tower, image_reasons = _vision_tower(model_dir / VISION_ONNX_FILE, settings, placement, towers, size, threads)
     else:
         tower = ImageTower(model)
     images = VisionBackend(tower, dtype=placement.dtype, device=placement.device)
     reasons = {"engine": f"{towers.architecture}'s text tower on {facts['engine']}, its vision tower on "
-                         f"{tower.engine}" + ("" if onnx else " (ONNX Runtime runs them on a CPU in float32, "
-                                                               "engine auto)"),
-               "dtype": "the placement's", "layout": "padded texts; images stacked at one size",
+                         f"{images.describe()['engine']}" + ("" if onnx else " (ONNX Runtime runs them on a CPU in "
+                                                                           "float32, engine auto)"),
+               "dtype": "the placement's", **image_reasons, "layout": "padded texts; images stacked at one size",
                "cuda_graphs": "none: image-text towers run eagerly"}
     log.info("backend: %s in %s, images on its vision tower (%s)", backend.describe(), _name(placement.dtype),
-             tower.engine)
+             images.describe()["engine"])
     return Selection(backend, towers.dimension, placement, reasons, images=images)
+
+
+def _vision_tower(path: Path, settings: Settings, placement: Placement, towers: Towers, size: int,
+                  threads: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+    """A CPU worker's vision tower, and why: the export on ONNX Runtime in float32, or on OpenVINO
+    in bfloat16 where the build verified it (`cpu_bf16_engines`), the CPU has bf16 units and the
+    engine trial finds it faster by the margin (execution/engine_trial.py: timed once a machine,
+    as a text encoder's engines are). Texts stay on their float32 tower: a text is cheap beside
+    an image."""
+    default = OnnxImageTower(path, **threads)
+    challengers, why = bf16_challengers(settings, placement)
+    if "openvino" not in challengers:
+        return default, {"image_dtype": why or "auto: float32; the build verified no bfloat16 vision tower"}
+    if not openvino_available():
+        return default, {"image_dtype": "auto: float32; the openvino package is not installed"}
+    names = ["onnxruntime float32", "openvino bfloat16"]
+    with shared_trial(trial_key(path.parent, settings, placement, ["images", *names])) as trial:
+        recorded = trial.recorded
+        if recorded and recorded.get("choice") in names:
+            choice, reason = recorded["choice"], f"{recorded['reason']}, by an earlier worker on this machine"
+            speeds = recorded["timings"]
+            challenger = OpenVinoImageTower(path, **threads) if choice == names[1] else None
+        else:
+            challenger = OpenVinoImageTower(path, **threads)
+            if challenger.dtype != torch.bfloat16:
+                return default, {"image_dtype": "auto: float32; OpenVINO computes bfloat16 in float32 here"}
+            timings = time_image_towers(dict(zip(names, (default, challenger))), size, towers.image_positions)
+            choice, reason = choose(timings, names[0], one="image")
+            trial.record(choice, reason, timings)
+            speeds = {name: asdict(timing) for name, timing in timings.items()}
+            log.info("engine trial of the vision tower: %s", reason)
+    return (challenger if choice == names[1] else default), {"image_dtype": reason, "image_speeds": speeds}
 
 
 def choose_engine(settings: Settings, placement: Placement, model_dir: Path | None) -> tuple[str, str]:

@@ -16,6 +16,8 @@ from embedserve.archive.build import pickled_members
 from embedserve.archive.default_model import SHA256, _mismatches
 from embedserve.archive.ts_config import read_properties
 from embedserve.handler.backends.onnx_runtime import INT8_ONNX_FILE, ONNX_FILE
+from embedserve.handler.backends.openvino_runtime import openvino_available
+from embedserve.handler.worker.cpu_features import bf16_units
 from tests.support import REPO
 from tests.support.engines import TEXTS, make_engine
 from tests.support.tiny_model import make_tiny_model
@@ -206,8 +208,17 @@ def test_a_clip_folder_resaved_by_sentence_transformers_builds_checked_on_texts_
     assert "ONNX Runtime (the CPU engine of its towers): vision tower exported (max difference to torch" in err, err
     assert "; text tower exported (max difference to torch" in err, err
     assert "(engine: onnxruntime; images: onnxruntime)" in err
+    # Its vision tower in bfloat16, checked against float32 (texts stay float32): shipped where this
+    # CPU computes bfloat16, else not verified.
+    shipped = bf16_units() is not None and openvino_available()
+    said = "bfloat16 (openvino, vision tower): min cosine" if shipped else \
+        "bfloat16 (openvino, vision tower): not verified" if openvino_available() else \
+        "bfloat16 CPU engines: none for this build"
+    assert said in err and (": ships" in err) == shipped, err
     with zipfile.ZipFile(config.parent / "store" / "clip.mar") as archive:
         names = archive.namelist()
+        handler = yaml.safe_load(archive.read("model-config.yaml"))["handler"]
+    assert handler["cpu_bf16_engines"] == (["openvino"] if shipped else [])
     assert "model/processor_config.json" in names and sorted(name for name in names if name.endswith(".onnx")) == [
         "model/text_tower.onnx", "model/vision.onnx"]
 
