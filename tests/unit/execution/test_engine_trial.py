@@ -294,3 +294,23 @@ def test_openvino_passes_are_padded_to_few_shapes_and_match_float32(onnx_model_d
     got = engine.encoder.embed(plain_inputs(engine.text.token_ids(TEXTS))).vectors
     want = make_engine(onnx_model_dir, dtype="float32").encoder.embed(plain_inputs(engine.text.token_ids(TEXTS))).vectors
     assert torch.nn.functional.cosine_similarity(got, want).min() > 0.9999
+
+
+def test_vision_towers_are_timed_in_turns_on_the_same_pixels():
+    calls = []
+
+    def tower(name: str, seconds: float):
+        def run(pixels):
+            calls.append((name, tuple(pixels.shape)))
+            time.sleep(seconds)
+            return pixels[:, 0, 0, :2]
+        return run
+
+    timings = engine_trial.time_image_towers({"slow": tower("slow", 0.004), "fast": tower("fast", 0.001)}, size=8,
+                                             positions=5)
+    assert timings["fast"].tokens_per_s > timings["slow"].tokens_per_s  # patches a second: 4 images of 5
+    assert timings["fast"].one_text_ms < timings["slow"].one_text_ms
+    # A warm-up round and ROUNDS timed ones, each tower on a full pass and on one image, in turns.
+    assert calls[:4] == [("slow", (4, 3, 8, 8)), ("slow", (1, 3, 8, 8)), ("fast", (4, 3, 8, 8)), ("fast", (1, 3, 8, 8))]
+    assert len(calls) == 4 * (engine_trial.ROUNDS + 1)
+    assert engine_trial.choose(timings, "slow", one="image")[1].startswith("measured: fast ran")
