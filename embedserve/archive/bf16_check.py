@@ -36,10 +36,16 @@ class Bf16Refused(ValueError):
     """A build forced to bfloat16 whose vectors fall below the bar."""
 
 
+def times_bf16(handler: dict) -> bool:
+    """Whether a CPU worker of this build times bfloat16 engines: dtype and engine auto, a
+    placement that may be a CPU, neither compile nor packed passes (engine_trial.bf16_challengers)."""
+    return handler["dtype"] == "auto" and handler["device"] in ("auto", "cpu") and \
+        handler.get("engine", "auto") == "auto" and not handler.get("compile") and handler.get("packed") is not True
+
+
 def candidate_engines(handler: dict, model_dir: Path) -> list[str]:
     """The bfloat16 engines a CPU worker of this build could time under dtype auto."""
-    if handler["dtype"] != "auto" or handler["device"] not in ("auto", "cpu") or handler.get("engine", "auto") != "auto" \
-            or handler.get("compile") or handler.get("packed") is True:
+    if not times_bf16(handler):
         return []
     exported = (model_dir / ONNX_FILE).is_file()
     return ["torch"] + (["openvino"] if exported and openvino_available() else [])
@@ -100,9 +106,7 @@ def verified_vision_engines(model_dir: Path, handler: dict) -> tuple[list[str], 
     tower where its image vectors are within the bar of ONNX Runtime's float32 ones on the check's
     images, prepared by the folder's own image processor; and the report. Its texts stay float32."""
     path = model_dir / VISION_ONNX_FILE
-    forced = handler["dtype"] != "auto" or handler["device"] not in ("auto", "cpu") or \
-        handler.get("engine", "auto") != "auto"
-    if forced or not path.is_file() or not openvino_available():
+    if not times_bf16(handler) or not path.is_file() or not openvino_available():
         return [], []
     tower = OpenVinoImageTower(path, threads=1)
     if tower.dtype != torch.bfloat16:

@@ -33,6 +33,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Callable, Iterator, Mapping
@@ -98,15 +99,8 @@ def time_candidates(backends: Mapping[str, Backend], pad_id: int, max_positions:
     shapes = {"full": (TRIAL_ROWS, length), "one": (1, length)}
     inputs = {name: {shape: backend.prepare([ModelInput([pad_id] * cols)] * rows)
                      for shape, (rows, cols) in shapes.items()} for name, backend in backends.items()}
-    best = {name: {shape: float("inf") for shape in shapes} for name in backends}
-    with torch.inference_mode():
-        for round_ in range(ROUNDS + 1):  # round 0 warms each shape up and is not counted
-            for name, backend in backends.items():
-                for shape in shapes:
-                    started = time.perf_counter()
-                    backend.run(inputs[name][shape], eager=True)
-                    if round_:
-                        best[name][shape] = min(best[name][shape], time.perf_counter() - started)
+    best = _best_of_rounds({name: {shape: partial(backend.run, inputs[name][shape], eager=True) for shape in shapes}
+                            for name, backend in backends.items()})
     return {name: Timing(round(TRIAL_ROWS * length / seconds["full"], 1), round(seconds["one"] * 1000, 3))
             for name, seconds in best.items()}
 
@@ -118,17 +112,25 @@ def time_image_towers(towers: Mapping[str, Callable[[torch.Tensor], torch.Tensor
     a ViT's tokens)."""
     pixels = torch.randn((TRIAL_IMAGES, 3, size, size), generator=torch.Generator().manual_seed(0))
     shapes = {"full": pixels, "one": pixels[:1]}
-    best = {name: {shape: float("inf") for shape in shapes} for name in towers}
-    with torch.inference_mode():
-        for round_ in range(ROUNDS + 1):  # round 0 warms each shape up and is not counted
-            for name, tower in towers.items():
-                for shape, batch in shapes.items():
-                    started = time.perf_counter()
-                    tower(batch)
-                    if round_:
-                        best[name][shape] = min(best[name][shape], time.perf_counter() - started)
+    best = _best_of_rounds({name: {shape: partial(tower, batch) for shape, batch in shapes.items()}
+                            for name, tower in towers.items()})
     return {name: Timing(round(TRIAL_IMAGES * positions / seconds["full"], 1), round(seconds["one"] * 1000, 3))
             for name, seconds in best.items()}
+
+
+def _best_of_rounds(passes: Mapping[str, Mapping[str, Callable[[], object]]]) -> dict[str, dict[str, float]]:
+    """Each candidate's passes run in turns, ROUNDS times after a warm-up round that is not
+    counted: the fastest seconds of each (a busy neighbour only ever adds time)."""
+    best = {name: {shape: float("inf") for shape in shapes} for name, shapes in passes.items()}
+    with torch.inference_mode():
+        for round_ in range(ROUNDS + 1):
+            for name, shapes in passes.items():
+                for shape, run in shapes.items():
+                    started = time.perf_counter()
+                    run()
+                    if round_:
+                        best[name][shape] = min(best[name][shape], time.perf_counter() - started)
+    return best
 
 
 def choose(timings: Mapping[str, Timing], default: str, one: str = "text") -> tuple[str, str]:
@@ -188,6 +190,10 @@ def _boot_id() -> str:
         return ""
 
 
+# Ends the reason of a choice read from the record rather than measured.
+READ_FROM_RECORD = "by an earlier worker on this machine"
+
+
 class SharedTrial:
     """The trial's outcome in a file beside its lock: `recorded` holds what the first worker
     wrote, or None, in which case this worker measures and `record`s."""
@@ -195,6 +201,11 @@ class SharedTrial:
     def __init__(self, path: Path | None):
         self.path = path  # None: not shared
         self.recorded: dict | None = None
+
+    def recorded_choice(self, names: list[str]) -> str | None:
+        """The recorded choice where it is one of `names` (a record of other candidates is not one)."""
+        choice = (self.recorded or {}).get("choice")
+        return choice if choice in names else None
 
     def record(self, choice: str, reason: str, timings: Mapping[str, Timing]) -> None:
         if self.path is None:

@@ -39,8 +39,8 @@ from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_ladder
 from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.backends.vision import VisionBackend
-from embedserve.handler.execution.engine_trial import Candidate, bf16_challengers, choose, shared_trial, \
-    time_candidates, time_image_towers, trial_key
+from embedserve.handler.execution.engine_trial import READ_FROM_RECORD, Candidate, bf16_challengers, choose, \
+    shared_trial, time_candidates, time_image_towers, trial_key
 from embedserve.handler.execution.placement import Placement
 from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling, Towers
 from embedserve.handler.model.head import load_head, logit_score_head
@@ -120,11 +120,11 @@ def _fastest(model_dir: Path, settings: Settings, placement: Placement, parts: M
         candidates = [c for c in candidates if c.engine != "openvino"]
     names = [candidate.name for candidate in candidates]
     with shared_trial(trial_key(model_dir, settings, placement, names)) as trial:
-        recorded = trial.recorded
-        if recorded and recorded.get("choice") in names:
-            selection = _build(model_dir, candidates[names.index(recorded["choice"])], placement, parts)
-            selection.reasons.update(dtype=f"{recorded['reason']}, by an earlier worker on this machine",
-                                     speeds=recorded["timings"])
+        recorded = trial.recorded_choice(names)
+        if recorded:
+            selection = _build(model_dir, candidates[names.index(recorded)], placement, parts)
+            selection.reasons.update(dtype=f"{trial.recorded['reason']}, {READ_FROM_RECORD}",
+                                     speeds=trial.recorded["timings"])
             return selection
         built = {}
         for candidate in candidates:
@@ -258,30 +258,29 @@ def _vision_tower(path: Path, settings: Settings, placement: Placement, towers: 
     in bfloat16 where the build verified it (`cpu_bf16_engines`), the CPU has bf16 units and the
     engine trial finds it faster by the margin (execution/engine_trial.py: timed once a machine,
     as a text encoder's engines are). Texts stay on their float32 tower: a text is cheap beside
-    an image."""
-    default = OnnxImageTower(path, **threads)
+    an image. Only the tower served is loaded, but where this worker times both."""
     challengers, why = bf16_challengers(settings, placement)
     if "openvino" not in challengers:
-        return default, {"image_dtype": why or "auto: float32; the build verified no bfloat16 vision tower"}
+        return OnnxImageTower(path, **threads), {"image_dtype": why or "auto: float32; the build verified no "
+                                                                       "bfloat16 vision tower"}
     if not openvino_available():
-        return default, {"image_dtype": "auto: float32; the openvino package is not installed"}
+        return OnnxImageTower(path, **threads), {"image_dtype": "auto: float32; the openvino package is not installed"}
     names = ["onnxruntime float32", "openvino bfloat16"]
     with shared_trial(trial_key(path.parent, settings, placement, ["images", *names])) as trial:
-        recorded = trial.recorded
-        if recorded and recorded.get("choice") in names:
-            choice, reason = recorded["choice"], f"{recorded['reason']}, by an earlier worker on this machine"
-            speeds = recorded["timings"]
-            challenger = OpenVinoImageTower(path, **threads) if choice == names[1] else None
-        else:
-            challenger = OpenVinoImageTower(path, **threads)
-            if challenger.dtype != torch.bfloat16:
-                return default, {"image_dtype": "auto: float32; OpenVINO computes bfloat16 in float32 here"}
-            timings = time_image_towers(dict(zip(names, (default, challenger))), size, towers.image_positions)
-            choice, reason = choose(timings, names[0], one="image")
-            trial.record(choice, reason, timings)
-            speeds = {name: asdict(timing) for name, timing in timings.items()}
-            log.info("engine trial of the vision tower: %s", reason)
-    return (challenger if choice == names[1] else default), {"image_dtype": reason, "image_speeds": speeds}
+        recorded = trial.recorded_choice(names)
+        if recorded:
+            tower = OpenVinoImageTower(path, **threads) if recorded == names[1] else OnnxImageTower(path, **threads)
+            return tower, {"image_dtype": f"{trial.recorded['reason']}, {READ_FROM_RECORD}",
+                           "image_speeds": trial.recorded["timings"]}
+        default, challenger = OnnxImageTower(path, **threads), OpenVinoImageTower(path, **threads)
+        if challenger.dtype != torch.bfloat16:
+            return default, {"image_dtype": "auto: float32; OpenVINO computes bfloat16 in float32 here"}
+        timings = time_image_towers(dict(zip(names, (default, challenger))), size, towers.image_positions)
+        choice, reason = choose(timings, names[0], one="image")
+        trial.record(choice, reason, timings)
+    log.info("engine trial of the vision tower: %s", reason)
+    return (challenger if choice == names[1] else default), \
+        {"image_dtype": reason, "image_speeds": {name: asdict(timing) for name, timing in timings.items()}}
 
 
 def choose_engine(settings: Settings, placement: Placement, model_dir: Path | None) -> tuple[str, str]:
