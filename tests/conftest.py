@@ -145,16 +145,10 @@ def pytest_xdist_make_scheduler(config, log):
     collected: the long integration modules first, the short unit modules last, so that no long
     module starts when the other worker is nearly done (xdist's own order, the most tests first,
     puts unit modules first)."""
-    from xdist.scheduler import LoadScopeScheduling
+    from tests.support.scheduling import ModuleScheduling
 
     config.option.loadscopereorder = False
-
-    class ModuleScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return GROUP_OF_MODULE.get(module, module)
-
-    return ModuleScheduling(config, log)
+    return ModuleScheduling(config, log, groups=GROUP_OF_MODULE)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -209,9 +209,11 @@ def survives(cluster, server, tmp_path: Path, seed: int, fault) -> JobActors:
 
 def test_an_actor_killed_mid_job_leaves_every_row_exactly_once(cluster, server, tmp_path):
     def kill_an_actor(actors):
-        processes = cluster.actor_processes(EMBEDDER)
-        assert len(processes) == 2, processes
-        processes[0].kill()  # SIGKILL
+        # An actor at work, not one the pool is still starting: the pool may replace one it let go,
+        # so a third title (`...__init__`) can show beside the two at work.
+        at_work = [p for p in cluster.actor_processes(EMBEDDER) if not p.info["cmdline"][0].endswith("__init__")]
+        assert 1 <= len(at_work) <= 2, [p.info["cmdline"][0] for p in at_work]
+        at_work[0].kill()  # SIGKILL
 
     actors = survives(cluster, server, tmp_path, 5, kill_an_actor)
     assert actors.count() >= 3  # Ray started another actor
