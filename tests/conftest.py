@@ -22,6 +22,7 @@ from tests.support.model_families import FAMILIES, make_family
 from tests.support.redis_server import RedisServer
 from tests.support.serving import ARCHIVES, FLOAT32, TINY_BATCH_DELAY_MS, TINY_BATCH_SIZE, serving
 from tests.support.tiny_model import PROMPTS, make_tiny_model
+from tests.support.worker_memory import WorkerMemory, describe
 
 # The session's servers share their engine trials (embedserve/handler/execution/engine_trial.py),
 # as a user's servers on one machine do, but not with earlier runs or the user's own servers. The
@@ -151,6 +152,26 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log, groups=GROUP_OF_MODULE)
 
 
+MEMORY = WorkerMemory()
+WORKERS_MEMORY: dict[str, dict | None] = {}  # the controller's: each xdist worker's summary
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    MEMORY.note(nodeid)
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its figures go to the controller
+        session.config.workeroutput["memory"] = MEMORY.summary()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    WORKERS_MEMORY[node.gateway.id] = getattr(node, "workeroutput", {}).get("memory")
+
+
 def pytest_terminal_summary(terminalreporter):
     if ARCHIVES.built or ARCHIVES.reused:
         terminalreporter.write_line(f"archives: {ARCHIVES.built} built, {ARCHIVES.reused} reused (tests/support/archives.py)")
+    for name, summary in sorted(WORKERS_MEMORY.items()) or [("pytest", MEMORY.summary())]:
+        terminalreporter.write_line(f"memory of {describe(name, summary)}")
