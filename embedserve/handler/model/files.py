@@ -34,7 +34,7 @@ from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES
                                                   Pooling, QueryExpansion, Scoring, SparsePooling, TokenPooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 from embedserve.handler.model.pylate import is_pylate, prefixed_prompts, read_pylate
-from embedserve.handler.model.towers import read_towers
+from embedserve.handler.model.towers import page_retriever_refusal, read_towers
 
 # How a causal language model's checkpoint names its architecture (config.json's `architectures`).
 DECODER_HEADS = ("ForCausalLM", "LMHeadModel")
@@ -55,7 +55,9 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelFilesError(f"{model_dir} has no config.json: not a Hugging Face model folder")
     config = _read_json(model_dir / "config.json")
     check_architecture(config)
-    if "vision_config" in config:  # CLIP, SigLIP, ColPali: a vision tower beside the text model
+    if "vlm_config" in config:  # ColPali, ColQwen2: a vision-language model under a retrieval head
+        raise ModelFilesError(page_retriever_refusal(config))
+    if "vision_config" in config:  # CLIP, SigLIP: a vision tower beside the text model
         return _describe_towers(model_dir, config)
     if not isinstance(config.get("hidden_size"), int):
         raise ModelFilesError(f"{model_dir / 'config.json'} has no integer hidden_size")
