@@ -5,7 +5,11 @@ run closed-loop load shapes against it while sampling the GPU and the CPUs, and 
     python -m bench.gpu_serve stop --config C --workdir W     # stop it, whatever state it is in
 
 `run` writes OUT/serving.json after every phase (versions, start, each shape, stop), so a run cut
-short leaves what it measured and names the phase it was in. The load of a shape is split over
+short leaves what it measured and names the phase it was in. With `--workers "4 8"` it then scales
+the model to each count (TorchServe's management API, synchronous) and runs the sweep shapes
+again: each row says its worker count, `workers` the counts with their idle GPU memory, and
+`sizing` the GPU memory a worker holds idle and at load (fitted over the counts) and how many
+workers keep the GPU within MEMORY_SHARE of its memory (the sizing rule's figures; a GPU only). The load of a shape is split over
 several processes (bench/load.py's run_load in each, started together): one Python process does
 not generate the target rate of one-text requests on its own.
 """
@@ -33,6 +37,10 @@ import requests
 from bench.load import run_load
 
 SHAPES = ((1, 1), (64, 1), (256, 1), (64, 32), (256, 32))  # (clients, texts per request)
+# The shapes run again at each worker count of a sweep (--workers): the two the targets name.
+SWEEP_SHAPES = ((256, 1), (64, 32))
+# The sizing rule: the GPU holds 75-85% of its memory with every worker loaded at its largest batch.
+MEMORY_SHARE = 0.80
 TARGET = {"texts_per_s": 10_000, "clients": 256}
 CLIENTS_PER_PROCESS = 32
 SAMPLE_S = 0.25
@@ -254,6 +262,89 @@ def plan_seconds(left: float, shapes: int, warmup: float, seconds: float) -> flo
 
 # --- run and stop -----------------------------------------------------------------------------------
 
+def run_shapes(report: Report, shapes: list[tuple[int, int]], planned: int, workers: int, deadline: float,
+               args: argparse.Namespace, pool_box: list, url: str, headers: dict, texts: list[str],
+               tokens: list[int], max_processes: int, sampler: Sampler) -> int:
+    """Each shape at the server's `workers`, its row in the report (or why it has none), within the
+    deadline shared by the `planned` shapes left. How many were planned here."""
+    for index, (clients, per_request) in enumerate(shapes):
+        name = f"{clients}x{per_request}" + (f" at {workers} workers" if workers else "")
+        left = deadline - time.time() - STOP_RESERVE_S
+        seconds = plan_seconds(left, max(1, planned - index), args.warmup, args.seconds)
+        if left < args.warmup + seconds + SHAPE_OVERHEAD_S:
+            report.fail(f"shape {name}", f"skipped: {left:.0f} s left of the budget")
+            report.data["shapes"].append({"clients": clients, "texts_per_request": per_request, "workers": workers,
+                                          "skipped": "out of budget"})
+            continue
+        report.phase(f"shape {name}")
+        try:
+            wait_s = min(args.warmup + seconds + 60, deadline - time.time() - STOP_RESERVE_S)
+            row = {"workers": workers, **run_shape(pool_box[-1], url, headers, texts, tokens, clients, per_request,
+                                                   args.warmup, seconds, max_processes, sampler, wait_s)}
+        except Exception as err:  # a load process died or timed out: the next shape still runs
+            pool_box[-1].terminate()
+            pool_box.append(multiprocessing.get_context("spawn").Pool(max_processes))
+            report.data["shapes"].append({"clients": clients, "texts_per_request": per_request, "workers": workers,
+                                          "error": f"{type(err).__name__}: {err}"})
+            report.fail(f"shape {name}", f"{type(err).__name__}: {err}")
+            continue
+        report.data["shapes"].append(row)
+        report.write()
+        if row["errors"]:
+            report.fail(f"shape {name}", f"requests answered with errors (HTTP status: count): {row['errors']}")
+        gpu_note = f", GPU {row['gpu_util_mean']}% mean {row['gpu_util_max']}% max" if "gpu_util_mean" in row else ""
+        print(f"{name}: {row['texts_per_s']} texts/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
+              f"errors {row['errors'] or 0}, {row['load_processes']} load processes{gpu_note}",
+              file=sys.stderr, flush=True)
+    return len(shapes)
+
+
+def worker_point(management: tuple[str, dict], gpu: Gpu) -> dict:
+    """The model's running workers (TorchServe's management API) and the GPU memory in use, idle."""
+    url, headers = management
+    answer = requests.get(url, headers=headers, timeout=30)
+    answer.raise_for_status()
+    running = [w for version in answer.json() for w in version["workers"] if w.get("status") == "READY"]
+    reading = gpu.sample()
+    return {"workers": len(running), "gpu_mem_idle_mib": round(reading[1]) if reading else None}
+
+
+def scale_workers(management: tuple[str, dict], count: int, within_s: float) -> float:
+    """Scale the model to `count` workers and wait until they are up (TorchServe's synchronous
+    scaling, which answers when they are): the seconds it took."""
+    if within_s < 10:
+        raise TimeoutError(f"{within_s:.0f} s left of the budget: too little to start workers")
+    url, headers = management
+    began = time.time()
+    answer = requests.put(f"{url}?min_worker={count}&max_worker={count}&synchronous=true", headers=headers,
+                          timeout=within_s)
+    if answer.status_code >= 300:
+        raise RuntimeError(f"scaling to {count} workers: HTTP {answer.status_code} {answer.text[:300]}")
+    return round(time.time() - began, 1)
+
+
+def sizing(points: list[dict], shapes: list[dict], gpu: dict | None) -> dict:
+    """The sizing rule's figures from a sweep: GPU memory a worker holds, idle (its CUDA context,
+    weights and graph pools) and at load (the largest batch's activations), fitted over the worker
+    counts measured, and how many workers keep the GPU within MEMORY_SHARE of its memory."""
+    if gpu is None:
+        return {"why": "no GPU: memory per worker is measured on one"}
+    idle = sorted((p["workers"], p["gpu_mem_idle_mib"]) for p in points if p.get("gpu_mem_idle_mib") is not None)
+    peak: dict[int, float] = {}
+    for row in shapes:
+        if "gpu_mem_used_mib_max" in row:
+            peak[row["workers"]] = max(peak.get(row["workers"], 0.0), row["gpu_mem_used_mib_max"])
+    if len({count for count, _ in idle}) < 2 or len(peak) < 2:
+        return {"why": "fewer than two worker counts measured", "idle_mib": dict(idle), "peak_mib": peak}
+    per_worker_idle, base_idle = np.polyfit(*zip(*idle), 1)
+    per_worker_peak, base_peak = np.polyfit(list(peak), list(peak.values()), 1)
+    total = gpu["memory_total_mib"]
+    fit = int((MEMORY_SHARE * total - base_peak) // per_worker_peak) if per_worker_peak > 0 else None
+    return {"memory_total_mib": total, "per_worker_idle_mib": round(float(per_worker_idle)),
+            "per_worker_at_load_mib": round(float(per_worker_peak)), "base_mib": round(float(base_peak)),
+            "workers_within_share": fit, "share": MEMORY_SHARE, "idle_mib": dict(idle), "peak_mib": peak}
+
+
 def run(args: argparse.Namespace) -> int:
     from embedserve.archive.corpus import load_tokenizer, mixed_corpus
     from embedserve.scripts.serverctl import TorchServe
@@ -275,8 +366,7 @@ def run(args: argparse.Namespace) -> int:
     report.write()
 
     server = TorchServe(Path(args.config), Path(args.workdir))
-    context = multiprocessing.get_context("spawn")
-    pool = None
+    pool_box: list = []  # the load processes' pool, replaced where a shape's processes die
     code = 1
     try:
         # The corpus and the load processes first: neither then takes from the server's time.
@@ -285,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(model / "tokenizer.json")
         texts = mixed_corpus(model / "tokenizer.json", 2048)
         tokens = [len(tokenizer.encode(t).ids) for t in texts]
-        pool = context.Pool(max_processes)
+        pool_box.append(multiprocessing.get_context("spawn").Pool(max_processes))
         report.phase("start")
         started = time.time()
         server.start()
@@ -320,51 +410,44 @@ def run(args: argparse.Namespace) -> int:
         sampler = Sampler(gpu, jvm_pid)
         sampler.start()
         report.data["shapes"] = []
+        management = (f"{server.client_url('management')}/models/{args.name}", server.auth_if_on("management"))
+        sweep = [int(n) for n in args.workers.split()]
+        sweep_shapes = [tuple(int(n) for n in s.split("x")) for s in args.sweep_shapes.split()] \
+            if args.sweep_shapes else list(SWEEP_SHAPES)
+        planned = len(shapes) + len(sweep) * len(sweep_shapes)
         try:
-            for index, (clients, per_request) in enumerate(shapes):
-                name = f"{clients}x{per_request}"
-                left = deadline - time.time() - STOP_RESERVE_S
-                seconds = plan_seconds(left, len(shapes) - index, args.warmup, args.seconds)
-                if left < args.warmup + seconds + SHAPE_OVERHEAD_S:
-                    report.fail(f"shape {name}", f"skipped: {left:.0f} s left of the budget")
-                    report.data["shapes"].append({"clients": clients, "texts_per_request": per_request,
-                                                  "skipped": "out of budget"})
-                    continue
-                report.phase(f"shape {name}")
+            built = worker_point(management, gpu)
+            report.data["workers"] = [built]
+            ran = run_shapes(report, shapes, planned, built["workers"], deadline, args, pool_box, url, headers,
+                             texts, tokens, max_processes, sampler)
+            for count in sweep:
+                report.phase(f"workers {count}")
                 try:
-                    wait_s = min(args.warmup + seconds + 60, deadline - time.time() - STOP_RESERVE_S)
-                    row = run_shape(pool, url, headers, texts, tokens, clients, per_request, args.warmup, seconds,
-                                    max_processes, sampler, wait_s)
-                except Exception as err:  # a load process died or timed out: the next shape still runs
-                    pool.terminate()
-                    pool = context.Pool(max_processes)
-                    report.data["shapes"].append({"clients": clients, "texts_per_request": per_request,
-                                                  "error": f"{type(err).__name__}: {err}"})
-                    report.fail(f"shape {name}", f"{type(err).__name__}: {err}")
-                    continue
-                report.data["shapes"].append(row)
+                    scaled = scale_workers(management, count, deadline - time.time() - STOP_RESERVE_S)
+                    point = {**worker_point(management, gpu), "scale_s": scaled}
+                except Exception as err:  # a scale that fails or runs out of time: the figures so far stand
+                    report.fail(f"workers {count}", f"{type(err).__name__}: {err}")
+                    break
+                report.data["workers"].append(point)
                 report.write()
-                if row["errors"]:
-                    report.fail(f"shape {name}", f"requests answered with errors (HTTP status: count): {row['errors']}")
-                gpu_note = (f", GPU {row['gpu_util_mean']}% mean {row['gpu_util_max']}% max"
-                            if "gpu_util_mean" in row else "")
-                print(f"{name}: {row['texts_per_s']} texts/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
-                      f"errors {row['errors'] or 0}, {row['load_processes']} load processes{gpu_note}",
-                      file=sys.stderr, flush=True)
+                ran += run_shapes(report, sweep_shapes, planned - ran, count, deadline, args, pool_box, url, headers,
+                                  texts, tokens, max_processes, sampler)
         finally:
             sampler.done.set()
+        report.data["sizing"] = sizing(report.data["workers"], report.data["shapes"], gpu.describe())
         at_target = [r for r in report.data["shapes"] if r.get("clients") == TARGET["clients"] and "texts_per_s" in r]
         if at_target:
             best = max(at_target, key=lambda r: r["texts_per_s"])
             report.data["target"].update(best_texts_per_s=best["texts_per_s"],
-                                         best_shape=f"{best['clients']}x{best['texts_per_request']}",
+                                         best_shape=f"{best['clients']}x{best['texts_per_request']} at "
+                                                    f"{best['workers']} workers",
                                          met=best["texts_per_s"] >= TARGET["texts_per_s"])
         code = 0 if not report.data["errors"] and all(
             "texts_per_s" in r and not r["errors"] for r in report.data["shapes"]) else 1
     except Exception as err:  # ServerError, a time limit's SIGTERM, anything: recorded, then the server stops
         report.fail(report.data["phase"], f"{type(err).__name__}: {err}")
     finally:
-        if pool is not None:
+        for pool in pool_box:
             pool.terminate()
         report.phase("stop")
         stop_began = time.time()
@@ -436,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="recorded in the report")
     parser.add_argument("--deadline", type=float, default=0.0, help="epoch seconds by which `run` has stopped")
     parser.add_argument("--shapes", default="", help='default "1x1 64x1 256x1 64x32 256x32" (clients x texts per request)')
+    parser.add_argument("--workers", default="", help='worker counts to scale to after the shapes, each running '
+                        'the sweep shapes (e.g. "4 8 12"); default none')
+    parser.add_argument("--sweep-shapes", default="", help='the shapes at each swept worker count; default "256x1 64x32"')
     parser.add_argument("--seconds", type=float, default=12.0, help="measured seconds per shape, at most")
     parser.add_argument("--warmup", type=float, default=4.0, help="uncounted seconds of each shape first")
     parser.add_argument("--processes", type=int, default=0, help="load processes at most (0: half the CPUs)")

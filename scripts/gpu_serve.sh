@@ -18,7 +18,8 @@
 #              on a GPU: float16 on CUDA, two workers, graphs of packed passes), into a config of its own on free ports
 #   serve      python -m bench.gpu_serve: start TorchServe, then each load shape (1, 64 and 256
 #              clients of one-text requests, 256 clients of 32-text requests) with the GPU's
-#              utilisation and memory sampled, then stop it
+#              utilisation and memory sampled; then, with GPU_SERVE_WORKERS, each worker count in
+#              turn with the sweep shapes and the GPU memory per worker; then stop it
 #   stop       always, beyond the budget (30 s at most; a second when the serve step stopped the
 #              server): stop the server whatever happened, and kill what is left of it
 #
@@ -37,6 +38,8 @@
 #   GPU_SERVE_RUNTIME=build/gpu/runtime.tar.xz      `installed`: Java and TorchServe as installed
 #   GPU_SERVE_MODEL=build/gpu/minilm-fp16.tar.xz    an archive of one model folder, or a folder
 #   GPU_SERVE_SHAPES="1x1 64x1 256x1 64x32 256x32"  clients x texts per request
+#   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "4 8 12"), each
+#                                   running GPU_SERVE_SWEEP_SHAPES (default "256x1 64x32") again
 #   GPU_SERVE_SHAPE_SECONDS=12      measured seconds per shape, at most (less when the budget is short)
 #   GPU_SERVE_WARMUP_SECONDS=4      uncounted seconds before each shape
 #   GPU_SERVE_PROCESSES=0           load processes at most (0: half the CPUs; 32 clients each)
@@ -195,13 +198,18 @@ path.write_text(json.dumps(data, indent=2))
 shapes = data.get("shapes", [])
 print(f"serving.json: complete {data.get('complete')}, failed step: {data.get('failed_step') or 'none'}")
 for row in shapes:
-    name = f"{row.get('clients')}x{row.get('texts_per_request')}"
+    name = f"{row.get('clients')}x{row.get('texts_per_request')} at {row.get('workers')} workers"
     if "texts_per_s" in row:
         gpu = f", GPU util mean {row['gpu_util_mean']}% max {row['gpu_util_max']}%" if "gpu_util_mean" in row else ""
         print(f"  {name}: {row['texts_per_s']} texts/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
               f"errors {row['errors'] or 0}{gpu}")
     else:
         print(f"  {name}: {row.get('error') or row.get('skipped')}")
+sizing = data.get("sizing", {})
+if "per_worker_at_load_mib" in sizing:
+    print(f"  GPU memory a worker: {sizing['per_worker_idle_mib']} MiB idle, {sizing['per_worker_at_load_mib']} MiB "
+          f"at load; {sizing['workers_within_share']} workers within {sizing['share']:.0%} of "
+          f"{sizing['memory_total_mib']} MiB")
 target = data.get("target", {})
 if target.get("met") is not None:
     print(f"  target {target['texts_per_s']} texts/s at {target['clients']} clients: "
@@ -252,7 +260,9 @@ main() {
         step serve "$limit" "$PY" -m bench.gpu_serve run --config "$WORK/config.properties" --workdir "$WORK" \
             --model "$MODEL" --out "$OUT" --device "$DEVICE" --deadline "$(($(date +%s) + limit - 2))" \
             --seconds "${GPU_SERVE_SHAPE_SECONDS:-12}" --warmup "${GPU_SERVE_WARMUP_SECONDS:-4}" \
-            --processes "${GPU_SERVE_PROCESSES:-0}" ${GPU_SERVE_SHAPES:+--shapes "$GPU_SERVE_SHAPES"}
+            --processes "${GPU_SERVE_PROCESSES:-0}" ${GPU_SERVE_SHAPES:+--shapes "$GPU_SERVE_SHAPES"} \
+            ${GPU_SERVE_WORKERS:+--workers "$GPU_SERVE_WORKERS"} \
+            ${GPU_SERVE_SWEEP_SHAPES:+--sweep-shapes "$GPU_SERVE_SWEEP_SHAPES"}
     fi
     if [[ -f $WORK/config.properties ]]; then
         here stop "$STOP_LIMIT" timeout --kill-after=5 "$STOP_LIMIT" "$PY" -m bench.gpu_serve stop \

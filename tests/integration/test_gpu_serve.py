@@ -1,5 +1,6 @@
 """scripts/gpu_serve.sh, end to end through TorchServe, in its CPU mode: the installed Java and the
-environment's TorchServe serve the tiny model, each load shape runs for a few seconds, and
+environment's TorchServe serve the tiny model, each load shape runs for a few seconds, the model
+is scaled from its one worker to two (the worker sweep) and a shape runs again there, and
 serving.json holds each shape's figures; a missing model stops the run at its first step, named.
 
 The shapes are the script's, but 16 clients of 32-text requests stand for its 256: on two shared
@@ -18,6 +19,7 @@ from tests.support import REPO
 pytestmark = pytest.mark.integration
 
 SHAPES = [(1, 1), (64, 1), (256, 1), (16, 32)]
+SWEEP = {"workers": 2, "shape": (16, 1)}  # the build's one worker scaled to two, one shape there
 
 
 def _run(out: Path, stage: Path, timeout: float, **settings: str) -> subprocess.CompletedProcess:
@@ -32,7 +34,8 @@ def run(tmp_path_factory, tiny_model_dir) -> tuple[Path, subprocess.CompletedPro
     out = tmp_path_factory.mktemp("gpu-serve")
     # Short, for two shared cores: 2 measured seconds per shape after 1 of warm-up.
     done = _run(out, tmp_path_factory.mktemp("stage"), 240, GPU_SERVE_MODEL=str(tiny_model_dir),
-                GPU_SERVE_SHAPES=" ".join(f"{c}x{t}" for c, t in SHAPES), GPU_SERVE_SECONDS="110",
+                GPU_SERVE_SHAPES=" ".join(f"{c}x{t}" for c, t in SHAPES), GPU_SERVE_SECONDS="130",
+                GPU_SERVE_WORKERS=str(SWEEP["workers"]), GPU_SERVE_SWEEP_SHAPES="{}x{}".format(*SWEEP["shape"]),
                 GPU_SERVE_SHAPE_SECONDS="2", GPU_SERVE_WARMUP_SECONDS="1")
     return out, done
 
@@ -53,7 +56,8 @@ def test_serving_json_has_every_shape_without_errors(run):
     assert report["device"] == "cpu" and report["gpu"]["available"] is False
     assert report["versions"]["torchserve"] and report["versions"]["java"].startswith(("openjdk", "java"))
     assert report["startup"]["ready_s"] > 0 and report["startup"]["frontend_up_s"] <= report["startup"]["ready_s"]
-    assert [(row["clients"], row["texts_per_request"]) for row in report["shapes"]] == SHAPES
+    assert [(row["clients"], row["texts_per_request"], row["workers"]) for row in report["shapes"]] == \
+        [(*shape, 1) for shape in SHAPES] + [(*SWEEP["shape"], SWEEP["workers"])]
     for row in report["shapes"]:
         assert row["errors"] == {} and row["requests"] > 0 and row["texts_per_s"] > 0, row
         assert row["texts"] == row["requests"] * row["texts_per_request"]
@@ -61,7 +65,16 @@ def test_serving_json_has_every_shape_without_errors(run):
         assert row["load_processes"] >= 1 and row["frontend_cores"] >= 0 and row["workers_cores"] > 0, row
         assert "gpu_util_mean" not in row  # no GPU here
     target = report["target"]
-    assert target["clients"] == 256 and target["met"] is False and target["best_shape"] == "256x1"
+    assert target["clients"] == 256 and target["met"] is False and target["best_shape"] == "256x1 at 1 workers"
+
+
+def test_the_worker_sweep_scales_the_model_and_says_why_it_sizes_nothing_without_a_gpu(run):
+    report = json.loads((run[0] / "serving.json").read_text())
+    built, scaled = report["workers"]
+    assert built == {"workers": 1, "gpu_mem_idle_mib": None}
+    assert scaled["workers"] == SWEEP["workers"] and scaled["scale_s"] > 0 and scaled["gpu_mem_idle_mib"] is None
+    assert report["sizing"] == {"why": "no GPU: memory per worker is measured on one"}
+    assert "1x1 at 1 workers" in run[1].stdout and "16x1 at 2 workers" in run[1].stdout
     assert [step["step"] for step in report["steps"]] == ["stage", "install", "build", "serve", "stop"]
 
 
