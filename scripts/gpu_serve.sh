@@ -40,6 +40,9 @@
 #   GPU_SERVE_SHAPES="1x1 64x1 256x1 64x32 256x32"  clients x texts per request
 #   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "4 8 12"), each
 #                                   running GPU_SERVE_SWEEP_SHAPES (default "256x1 64x32") again
+#   GPU_SERVE_MPS=0                 1: the server's workers share the GPU through CUDA MPS (its control
+#                                   daemon started for the run, stopped after; serving.json's `mps` says
+#                                   whether it ran, or why not)
 #   GPU_SERVE_SHAPE_SECONDS=12      measured seconds per shape, at most (less when the budget is short)
 #   GPU_SERVE_WARMUP_SECONDS=4      uncounted seconds before each shape
 #   GPU_SERVE_PROCESSES=0           load processes at most (0: half the CPUs; 32 clients each)
@@ -175,9 +178,34 @@ isolated_config(Path(sys.argv[1]), Path("config.properties"), async_logging="tru
         --export-path "$work/model_store" --config "$work/config.properties" "${args[@]}"
 }
 
+mps_start() {  # GPU_SERVE_MPS=1 on a GPU: CUDA MPS's control daemon; the workers inherit its folders
+    MPS_STATE="off"
+    [[ ${GPU_SERVE_MPS:-0} == 1 ]] || return 0
+    local control
+    if [[ $DEVICE != cuda ]]; then
+        MPS_STATE="asked; not run: no GPU"
+    elif ! control=$(command -v nvidia-cuda-mps-control); then
+        MPS_STATE="asked; not run: nvidia-cuda-mps-control is not on PATH"
+    else
+        export CUDA_MPS_PIPE_DIRECTORY=$STAGE/mps/pipe CUDA_MPS_LOG_DIRECTORY=$STAGE/mps/log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if timeout 20 "$control" -d; then
+            MPS_STATE="on"
+        else
+            MPS_STATE="asked; not run: nvidia-cuda-mps-control -d failed ($(tail -n 3 "$CUDA_MPS_LOG_DIRECTORY"/control.log 2> /dev/null | tr '\n' ' '))"
+        fi
+    fi
+    echo "CUDA MPS: $MPS_STATE"
+}
+
+mps_stop() {
+    [[ ${MPS_STATE:-off} == on ]] || return 0
+    echo quit | timeout 20 nvidia-cuda-mps-control && echo "CUDA MPS stopped"
+}
+
 report() {  # the steps and the first failure into serving.json, whatever the serve step left there
     "$PY" - "$OUT" "$BUDGET" "$(elapsed)" "${FAILED[@]}" <<'EOF'
-import json, sys
+import json, os, sys
 from pathlib import Path
 out, budget, elapsed, failed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 path = out / "serving.json"
@@ -187,7 +215,7 @@ except (OSError, ValueError):
     data = {"complete": False, "phase": None, "failed_step": None, "errors": {}}
 steps = [dict(zip(("step", "exit", "seconds"), line.split("\t")))
          for line in (out / "steps.tsv").read_text().splitlines() if line]
-data.update(steps=steps, budget_s=budget, script_s=elapsed)
+data.update(steps=steps, budget_s=budget, script_s=elapsed, mps=os.environ.get("MPS_STATE", "off"))
 if failed:
     first = failed[0]
     if first == "serve" and data.get("failed_step"):
@@ -254,6 +282,8 @@ main() {
     WORK=$(mktemp -d /tmp/gpu-serve.XXXXXX) || return 1
     MODEL=""
     local limit
+    mps_start
+    export MPS_STATE
     if here stage "$(left)" stage && here install 60 install && limit=$(left "$SERVE_MIN") \
         && skip_if_short build "$limit" && here build "$limit" build "$WORK" "$limit"; then
         limit=$(left)
@@ -271,6 +301,7 @@ main() {
     for log in "$WORK"/logs/{ts_log,model_log}.log; do  # the server's logs, their last lines (no access log)
         [[ -f $log ]] && grep -v ACCESS_LOG "$log" | tail -n 2000 > "$OUT/$(basename "$log")"
     done
+    mps_stop
     report
     rm -rf "$WORK"
     if ((${#FAILED[@]})); then

@@ -36,6 +36,7 @@ def run(tmp_path_factory, tiny_model_dir) -> tuple[Path, subprocess.CompletedPro
     done = _run(out, tmp_path_factory.mktemp("stage"), 240, GPU_SERVE_MODEL=str(tiny_model_dir),
                 GPU_SERVE_SHAPES=" ".join(f"{c}x{t}" for c, t in SHAPES), GPU_SERVE_SECONDS="130",
                 GPU_SERVE_WORKERS=str(SWEEP["workers"]), GPU_SERVE_SWEEP_SHAPES="{}x{}".format(*SWEEP["shape"]),
+                GPU_SERVE_MPS="1",
                 GPU_SERVE_SHAPE_SECONDS="2", GPU_SERVE_WARMUP_SECONDS="1")
     return out, done
 
@@ -68,12 +69,13 @@ def test_serving_json_has_every_shape_without_errors(run):
     assert target["clients"] == 256 and target["met"] is False and target["best_shape"] == "256x1 at 1 workers"
 
 
-def test_the_worker_sweep_scales_the_model_and_says_why_it_sizes_nothing_without_a_gpu(run):
+def test_the_worker_sweep_scales_the_model_and_says_why_it_sizes_nothing_and_runs_no_mps_without_a_gpu(run):
     report = json.loads((run[0] / "serving.json").read_text())
     built, scaled = report["workers"]
     assert built == {"workers": 1, "gpu_mem_idle_mib": None}
     assert scaled["workers"] == SWEEP["workers"] and scaled["scale_s"] > 0 and scaled["gpu_mem_idle_mib"] is None
     assert report["sizing"] == {"why": "no GPU: memory per worker is measured on one"}
+    assert report["mps"] == "asked; not run: no GPU"  # GPU_SERVE_MPS=1 here
     assert "1x1 at 1 workers" in run[1].stdout and "16x1 at 2 workers" in run[1].stdout
     assert [step["step"] for step in report["steps"]] == ["stage", "install", "build", "serve", "stop"]
 
@@ -83,5 +85,5 @@ def test_a_missing_model_stops_the_run_at_the_stage_step(tmp_path):
     assert done.returncode == 1
     assert f"MISSING: {tmp_path / 'no-model.tar.xz'}" in done.stdout
     report = json.loads((tmp_path / "out" / "serving.json").read_text())
-    assert report["failed_step"] == "stage" and report["complete"] is False
+    assert report["failed_step"] == "stage" and report["complete"] is False and report["mps"] == "off"
     assert [step["step"] for step in report["steps"]] == ["stage"]
