@@ -22,28 +22,15 @@ the reference's by construction).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from embedserve.handler.model.description import ModelFilesError
+from embedserve.handler.model.description import ModelFilesError, Pages
 
 SERVED = {"ColPaliForRetrieval": "colpali"}
 QUERY_AUGMENTATION = 10  # ColPaliProcessor's pad tokens after a query
-
-
-@dataclass(frozen=True)
-class Pages:
-    """A page retriever's facts (model/pages.py)."""
-    architecture: str  # ColPaliForRetrieval
-    dimension: int  # a vector's width
-    image_tokens: int  # the positions a page image's patches take
-    text_positions: int  # the language model's position table
-    visual_prompt: str  # after a page's image tokens
-    query_prefix: str  # before a query's text
-    image_token: str = "<image>"
 
 
 def read_pages(model_dir: Path, config: dict[str, Any]) -> Pages:
@@ -51,7 +38,8 @@ def read_pages(model_dir: Path, config: dict[str, Any]) -> Pages:
     architecture = str((config.get("architectures") or [""])[0])
     if SERVED.get(architecture) != config.get("model_type"):
         raise ModelFilesError(f"'{config.get('model_type', '?')}' ({architecture or 'no architectures'}) is a page "
-                              "retriever that is not served: ColPaliForRetrieval is; see docs/models.md")
+                              "retriever (a vector per image patch and per query token, scored by MaxSim) that is "
+                              "not served: ColPaliForRetrieval is; see docs/models.md")
     from transformers import AutoConfig  # published configs leave out the values that are its defaults
 
     read = AutoConfig.from_pretrained(model_dir)
@@ -101,4 +89,28 @@ class PageEncoder:
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor, pixels: torch.Tensor | None = None
                  ) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=attention, pixel_values=pixels).embeddings
+        # Token types all 0, as ColPaliProcessor gives them: PaliGemma attends over such a prefix both
+        # ways; without them a query's positions would attend causally.
+        return self.model(input_ids=ids, attention_mask=attention, pixel_values=pixels,
+                          token_type_ids=torch.zeros_like(ids)).embeddings
+
+
+def load_pages_model(model_dir: Path, *, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' ColPaliForRetrieval on `device` in `dtype`."""
+    from transformers import ColPaliForRetrieval
+
+    return ColPaliForRetrieval.from_pretrained(model_dir, dtype=dtype, use_safetensors=True).to(device).eval()
+
+
+class PageQueries:
+    """A padded backend's transformer for a page retriever's queries: (batch, seq) ids and mask ->
+    (batch, seq, dimension) vectors (backends/padded.py hands them to MultiVectorPooler)."""
+
+    attention = "transformers' own"
+
+    def __init__(self, encoder: PageEncoder):
+        self.encoder = encoder
+
+    def __call__(self, ids: torch.Tensor, attention: torch.Tensor, segments: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        return self.encoder(ids, attention)

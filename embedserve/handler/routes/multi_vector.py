@@ -39,6 +39,8 @@ from embedserve.handler.inputs.text import read_texts
 from embedserve.handler.tasks.score import parse_query
 
 MULTI_VECTOR = frozenset({Task.MULTI_VECTOR})
+# A scoring request's options: "modality": "image" makes its documents page images (a page retriever).
+SCORING_OPTIONS = ("truncate", "truncation_direction", "modality")
 
 
 def parse(route: Route, body: Any, content_type: str | None, method: str | None) -> MultiVectorRequest:
@@ -58,7 +60,7 @@ def parse(route: Route, body: Any, content_type: str | None, method: str | None)
 def parse_rerank(body: Any, content_type: str | None, method: str | None) -> MultiVectorRequest:
     try:
         payload = json_object(body, content_type, method)
-        options = parse_multi_vector_options({key: payload.get(key) for key in ("truncate", "truncation_direction")})
+        options = parse_multi_vector_options({key: payload.get(key) for key in SCORING_OPTIONS})
         option_value(payload, "raw_scores", bool)  # MaxSim has no activation: its scores are raw
         texts = read_texts(required(payload, "texts"), "texts")
         return MultiVectorRequest(Route.TEI_RERANK, (parse_query(payload), *texts), options, field="texts",
@@ -76,7 +78,7 @@ def parse_cohere_rerank(route: Route, body: Any, content_type: str | None, metho
     if payload.get("instruction") is not None:
         raise malformed("'instruction' applies to causal language model rerankers; a multi-vector model scores by "
                         "MaxSim over its query and document prompts", param="instruction")
-    options = parse_multi_vector_options({key: payload.get(key) for key in ("truncate", "truncation_direction")})
+    options = parse_multi_vector_options({key: payload.get(key) for key in SCORING_OPTIONS})
     option_value(payload, "raw_scores", bool)  # MaxSim has no activation: its scores are raw
     documents = read_texts(required(payload, "documents"), "documents", objects=True)
     return MultiVectorRequest(route, (parse_query(payload), *documents), options, field="documents", scoring=True,
