@@ -46,8 +46,6 @@ class PagesTask(MultiVectorTask):
         if options.input_type == "document" and not pages:
             raise unprocessable("'input_type' document: a page retriever's documents are page images (send them "
                                 "with \"modality\": \"image\"); its texts are queries", param="input_type")
-        if not request.scoring:
-            self._check_answer(request, len(pages))
         inputs: dict[int, ModelInput] = {}
         if pages:
             items = [(read_image(request.inputs[i], request.param(i)), request.param(i)) for i in pages]
@@ -64,13 +62,16 @@ class PagesTask(MultiVectorTask):
             self.checks.text.length(request.param(i), len(ids), truncate)
             inputs[i] = ModelInput(ids[:self.checks.max_length])
         ordered = [inputs[i] for i in range(len(request.inputs))]
-        self.checks.tokens(sum(len(item) for item in ordered), request.field, budget)
+        tokens = sum(len(item) for item in ordered)
+        if not request.scoring:
+            self._check_answer(request, tokens)
+        self.checks.tokens(tokens, request.field, budget)
         return Job(request, ordered)
 
-    def _check_answer(self, request: MultiVectorRequest, pages: int = 0) -> None:
-        """The answer's bound before any work: a page's positions, a query at the model's length."""
+    def _check_answer(self, request: MultiVectorRequest, tokens: int) -> None:  # type: ignore[override]
+        """The answer's bound before the model's work: a vector per position of the inputs, whose
+        positions are known once they are prepared (a page's are its ids')."""
         options = request.options
-        tokens = pages * len(self.page_ids) + (len(request.inputs) - pages) * self.checks.max_length
         answer = max_answer_bytes(tokens, self.checks.dimension, options.output_dtype, options.encoding_format,
                                   self.checks.model_name, request.route)
         self.checks.answer_size(request, answer, "send fewer inputs per request, \"encoding_format\": \"base64\" or "
