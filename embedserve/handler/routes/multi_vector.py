@@ -126,8 +126,12 @@ def _pages_are_images(model: ServedModel, field: str, listed: bool = False) -> d
     list of them, never one alone)."""
     if not model.reads_images:
         return {}
-    return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}},
-            "then": {"properties": {field: _page_list(model) if listed else ref("ImageInputs")}}}
+    then = {"properties": {field: _page_list(model) if listed else ref("ImageInputs")}}
+    if listed:  # a scoring request: its query is a text, its documents the images
+        return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}}, "then": then}
+    # Texts are queries: "document" is for page images alone.
+    return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}}, "then": then,
+            "else": {"properties": {"input_type": {"enum": ["query", None]}}}}
 
 
 def schemas(model: ServedModel) -> dict[str, Any]:
