@@ -108,7 +108,7 @@ INTEGRATION = Path(__file__).parent / "integration"
 SHARED_SERVER_MODULES = {
     "catalog": ("tests/integration/test_hybrid_served.py", "tests/integration/test_images_served.py",
                 "tests/integration/test_multi_vector_served.py", "tests/integration/test_openapi_outputs.py",
-                "tests/integration/test_sparse_served.py"),
+                "tests/integration/test_pages_served.py", "tests/integration/test_sparse_served.py"),
     "server": ("tests/integration/test_batch_served.py", "tests/integration/test_bench.py",
                "tests/integration/test_docs_page.py", "tests/integration/test_fuzz.py",
                "tests/integration/test_image.py",  # asks for it by getfixturevalue, which the check cannot see

@@ -154,12 +154,17 @@ def make_archive(args: argparse.Namespace) -> Archive:
         dimension = description.dimension
         scoring = description.scoring
         sparse = description.sparse
-        if (scoring or sparse or description.towers) and args.dtype == "int8":
+        if (scoring or sparse or description.reads_images) and args.dtype == "int8":
             raise BuildError(f"--dtype int8 is calibrated on embeddings; this model is a {description.task} model")
         if sparse:  # its pooling reads the masked-language head, which an export of the encoder leaves out
             print(f"a sparse model ({sparse.name}, {sparse.vocabulary} vocabulary entries): the torch engine, no "
                   "ONNX export; bfloat16 CPU engines: not checked for sparse models, CPU workers serve float32",
                   file=sys.stderr)
+        elif description.pages:  # transformers' own forward, queries and page images through one model
+            print(f"a page retriever ({description.pages.architecture}: a {dimension}-wide vector per position of a "
+                  f"page image, {description.pages.image_tokens} image tokens a page, and per query token; MaxSim): "
+                  "the torch engine, no ONNX export; bfloat16 CPU engines: not checked for page retrievers, CPU "
+                  "workers serve float32", file=sys.stderr)
         elif description.towers:  # its towers run in ONNX Runtime on a CPU where they export, else in torch
             print(f"an image-text model ({description.towers.architecture}: texts and images into one "
                   f"{dimension}-wide space): the torch engine", file=sys.stderr)
@@ -178,17 +183,17 @@ def make_archive(args: argparse.Namespace) -> Archive:
         frontend = frontend_limits(config["handler"], dimension, args.name, scoring=scoring is not None,
                                    sparse=sparse is not None,
                                    hybrid=description.m3 is not None or description.multi_vector is not None,
-                                   images=description.towers is not None)
+                                   images=description.reads_images)
         config["handler"].setdefault("max_response_bytes", frontend["max_response_size"])
         if scoring:
             print(f"a {scoring.task} model ({len(scoring.labels)} label(s), {scoring.activation}); bfloat16 CPU "
                   "engines: not checked for scoring models, CPU workers serve float32", file=sys.stderr)
-        elif description.m3 or description.multi_vector:
+        elif description.m3 or (description.multi_vector and not description.pages):
             kind = "a hybrid model (dense, sparse and ColBERT outputs, bge-m3)" if description.m3 else \
                 "a multi-vector model (ColBERT: a vector per token, MaxSim)"
             print(f"{kind}; bfloat16 CPU engines: not checked for {description.task} models, CPU workers serve float32",
                   file=sys.stderr)
-        elif not (sparse or description.towers):  # these said why above
+        elif not (sparse or description.reads_images):  # these said why above
             check_cpu_bf16(args, config["handler"], stage / "model")
         if args.dtype == "int8":
             from embedserve.archive.int8_calibration import calibrate, calibrate_onnx

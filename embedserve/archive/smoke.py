@@ -76,6 +76,8 @@ def check_model(model_dir: Path, handler_section: dict[str, Any]) -> list[str]:
     if settings.pooling != "auto" or settings.prompt:
         return lines + ["sentence-transformers: not compared (pooling or prompt set by the build overrides the "
                         "model's own)"]
+    if engine.task is Task.MULTI_VECTOR and engine.encoder.images is not None:  # a page retriever: transformers'
+        return lines + [_compare_pages(engine, model_dir)]
     try:
         import sentence_transformers  # noqa: F401  (optional: the test extras install it)
     except ImportError:
@@ -310,14 +312,48 @@ def _compare(engine, model_dir: Path, int8: bool, padded_to: int | None = None) 
     return line
 
 
-def _compare_images(engine, model_dir: Path) -> str:
-    """An image-text model's image vectors, served from PNG data URIs, against sentence-transformers'
-    `encode` of the same images."""
+def _compare_pages(engine, model_dir: Path) -> str:
+    """A page retriever's served vectors of queries and of page images against transformers' own
+    ColPaliProcessor and ColPaliForRetrieval, and the served MaxSim ranking against the
+    processor's score_retrieval (model/pages.py)."""
+    import torch
+    from transformers import ColPaliForRetrieval, ColPaliProcessor
+
+    processor = ColPaliProcessor.from_pretrained(model_dir)
+    model = ColPaliForRetrieval.from_pretrained(model_dir, dtype=torch.float32).eval()
+    images, uris = _sample_images()
+    queries = processor.process_queries(list(TEXTS))
+    with torch.inference_mode():
+        want_pages = model(**processor.process_images(images)).embeddings.numpy()
+        want_queries = model(**queries).embeddings
+    want = [page for page in want_pages] + [row[mask.bool()].numpy()
+                                              for row, mask in zip(want_queries, queries["attention_mask"])]
+    answers = _answer(engine, {"input": uris, "modality": "image"})["data"] + _answer(engine, {"input": list(TEXTS)})["data"]
+    cosines = []
+    for item, expected in zip(answers, want, strict=True):
+        got = np.asarray(item["embedding"], dtype=np.float64).reshape(-1, expected.shape[1])
+        if got.shape != expected.shape:
+            raise SmokeError(f"the served vectors have {len(got)} positions where ColPaliForRetrieval gives "
+                             f"{len(expected)}; refusing to build a model that would be served wrong")
+        cosines.extend((got * expected).sum(1) / np.linalg.norm(got, axis=1).clip(1e-12)
+                       / np.linalg.norm(expected, axis=1).clip(1e-12))
+    scores = processor.score_retrieval(want_queries[:1], torch.from_numpy(want_pages))[0]
+    ranked = _answer(engine, {"query": TEXTS[0], "texts": uris, "modality": "image"}, "rerank")
+    worst = max(abs(item["score"] - float(scores[item["index"]])) for item in ranked)
+    least = float(min(cosines))
+    if not (least >= MIN_COSINE and worst <= 1e-3):
+        raise SmokeError(f"the served page retriever differs from ColPaliForRetrieval (min cosine {least:.6f}, "
+                         f"MaxSim score difference {worst:.1e}); refusing to build a model that would be served wrong")
+    return (f"transformers ColPaliForRetrieval: min cosine {least:.6f} over {len(cosines)} vectors of "
+            f"{len(images)} page images and {len(TEXTS)} queries; MaxSim scores within {worst:.1e} of score_retrieval")
+
+
+def _sample_images() -> tuple[list, list[str]]:
+    """Three random RGB images of different sizes, and each as a PNG data URI."""
     import base64
     import io
 
     from PIL import Image
-    from sentence_transformers import SentenceTransformer
 
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
@@ -327,6 +363,15 @@ def _compare_images(engine, model_dir: Path) -> str:
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")
         uris.append("data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode())
+    return images, uris
+
+
+def _compare_images(engine, model_dir: Path) -> str:
+    """An image-text model's image vectors, served from PNG data URIs, against sentence-transformers'
+    `encode` of the same images."""
+    from sentence_transformers import SentenceTransformer
+
+    images, uris = _sample_images()
     want = SentenceTransformer(str(model_dir), **_reference_options()).encode(images, convert_to_numpy=True)
     got = _served(engine, {"input": uris, "modality": "image"})
     worst = float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())

@@ -30,6 +30,7 @@ from embedserve.handler.model.chat_pairs import ChatPairTokenizer
 from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.model.files import describe_model, resolve_max_length
 from embedserve.handler.model.inputs import plain_inputs
+from embedserve.handler.model.pages import page_text
 from embedserve.handler.model.tokenization import TextTokenizer, set_parallelism
 from embedserve.handler.routes.describe import Description, info_body
 from embedserve.handler.routes.openapi import service_document
@@ -42,6 +43,7 @@ from embedserve.handler.tasks.base import RequestChecks, TaskSlice
 from embedserve.handler.tasks.embed import EmbedTask
 from embedserve.handler.tasks.hybrid import HybridTask
 from embedserve.handler.tasks.multi_vector import MultiVectorTask
+from embedserve.handler.tasks.pages import PagesTask
 from embedserve.handler.tasks.score import ScoreTask
 from embedserve.handler.tasks.sparse import SparseTask
 from embedserve.handler.worker.cpu_lending import CpuLending
@@ -123,6 +125,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         m3=model.m3,
         multi_vector=model.multi_vector is not None,
         towers=model.towers,
+        pages=model.pages,
         attention_mask=tokenizer.gives_attention_mask,
     )
     # bge-m3's sparse weights leave out the tokenizer's cls, eos, pad and unk tokens, as FlagEmbedding does.
@@ -144,17 +147,24 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
-    images = ImageReader(ImagePreparation(model_dir, model.towers.image_positions), ImageLimits.of(settings),
+    # A page retriever's page: the same ids for every page image (model/pages.py), what a page costs.
+    page_ids = tokenizer.body_ids([page_text(model.pages, tokenizer.token("bos"))])[0] if model.pages else []
+    image_positions = model.towers.image_positions if model.towers else len(page_ids)
+    images = ImageReader(ImagePreparation(model_dir, image_positions), ImageLimits.of(settings),
                          url_hosts=settings.image_url_hosts, url_timeout_s=settings.image_url_timeout_s) \
-        if model.towers else None
+        if model.reads_images else None
     text = EmbedTask(checks, prompts=model.prompts, default_prompt=default_prompt,
-                     include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes, images=images)
+                     include_prompt=encoder.pooling.include_prompt, pooling=encoder.pooling.modes,
+                     images=images if model.towers else None)
     work: TaskSlice = text
     if model.task is Task.SPARSE:
         query_weights = load_file(str(Path(model_dir) / "query_static" / "model.safetensors"))["weight"].numpy() \
             if model.sparse.static_query else None
         work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True,
                           query_weights=query_weights)
+    elif model.task is Task.MULTI_VECTOR and model.pages:
+        work = PagesTask(checks, model.multi_vector, model.pages, images, page_ids, bos=tokenizer.token("bos"),
+                         pad=tokenizer.token("pad"))
     elif model.task is Task.MULTI_VECTOR:
         work = MultiVectorTask(checks, model.multi_vector, model.prompts, plain_length)
     elif model.task is Task.HYBRID:

@@ -32,6 +32,7 @@ from tests.support.rerankers import make_reranker
 from tests.support.image_models import make_clip
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
+from tests.support.page_models import make_colpali
 from tests.support.sparse_models import make_splade
 from tests.support.tiny_model import make_tiny_model
 
@@ -84,6 +85,7 @@ def served(tmp_path_factory):
     make_m3(model_dir.parent / "bge-m3-folder")  # docs/models.md's hybrid model placeholder
     make_colbert(model_dir.parent / "colbert-folder")  # docs/models.md's multi-vector placeholder
     make_clip(model_dir.parent / "clip-folder")  # docs/models.md's image-text placeholder
+    make_colpali(model_dir.parent / "colpali-folder")  # docs/models.md's page retriever placeholder
     started = subprocess.run(_serve_line(), shell=True, cwd=root, capture_output=True, text=True, timeout=900)
     served = Served(root, model_dir, started.stdout)
     try:

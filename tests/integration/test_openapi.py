@@ -157,11 +157,14 @@ def image_beyond_the_schema(response) -> bool:
 
 
 def _error_of(response) -> dict:
-    """The handler's JSON error object of a refusal; empty for another body."""
+    """The handler's JSON error object of a refusal (TEI's routes: its message alone); empty for
+    another body."""
     try:
         error = response.json().get("error")
     except (ValueError, AttributeError):
         return {}
+    if isinstance(error, str):  # TEI's shape: {"error": message, "error_type": ...}
+        return {"message": error}
     return error if isinstance(error, dict) else {}
 
 

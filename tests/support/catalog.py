@@ -1,5 +1,5 @@
-"""The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3), multi-vector (ColBERT) and
-image-text (CLIP, SigLIP) models, served by one real TorchServe built as a user builds them (the model and its name, one
+"""The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3), multi-vector (ColBERT),
+image-text (CLIP, SigLIP) and page retriever (ColPali) models, served by one real TorchServe built as a user builds them (the model and its name, one
 worker each). The served tests of those outputs and their OpenAPI fuzzing share it
 (tests/conftest.py): a server of its own only where a test needs a server-wide property."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from tests.support.image_models import make_clip, make_siglip
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
+from tests.support.page_models import make_colpali
 from tests.support.sparse_models import make_inference_free, make_splade
 
 # The SPLADE shapes served: BERT with max pooling, XLM-R with sum pooling and log1p_relu.
@@ -19,6 +20,7 @@ HYBRID = "m3"
 MULTI_VECTOR = "colbert"
 IMAGE_TEXT = "clip"
 SIGLIP = "siglip"
+PAGES = "colpali"
 
 
 def make_catalog_models(root: Path) -> dict[str, Path]:
@@ -30,6 +32,7 @@ def make_catalog_models(root: Path) -> dict[str, Path]:
     models[MULTI_VECTOR] = make_colbert(root / "colbert")
     models[IMAGE_TEXT] = make_clip(root / "clip")
     models[SIGLIP] = make_siglip(root / "siglip")
+    models[PAGES] = make_colpali(root / "colpali")
     return models
 
 

@@ -31,6 +31,8 @@ PLACEHOLDER_M3 = "/path/to/bge-m3-folder"
 PLACEHOLDER_COLBERT = "/path/to/colbert-folder"
 # An image-text (CLIP) model's folder, made offline beside the placeholder model.
 PLACEHOLDER_CLIP = "/path/to/clip-folder"
+# A page retriever's (ColPali) folder, made offline beside the placeholder model.
+PLACEHOLDER_PAGES = "/path/to/colpali-folder"
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def substitute(text: str, ports: dict[str, int], model_dir: Path | None = None) 
     if model_dir is not None:
         text = text.replace(PLACEHOLDER_MODEL, str(model_dir))
         for placeholder in (PLACEHOLDER_RERANKER, PLACEHOLDER_SPLADE, PLACEHOLDER_M3, PLACEHOLDER_COLBERT,
-                            PLACEHOLDER_CLIP):
+                            PLACEHOLDER_CLIP, PLACEHOLDER_PAGES):
             text = text.replace(placeholder, str(model_dir.parent / placeholder.rsplit("/", 1)[1]))
     return text
 

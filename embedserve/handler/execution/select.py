@@ -38,13 +38,15 @@ from embedserve.handler.backends.openvino_runtime import OpenVinoImageTower, Ope
 from embedserve.handler.backends.packed import PackedBackend
 from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_ladder
 from embedserve.handler.backends.padded import PaddedBackend
+from embedserve.handler.backends.pages import PageBackend
 from embedserve.handler.backends.vision import VisionBackend
 from embedserve.handler.execution.engine_trial import READ_FROM_RECORD, Candidate, bf16_challengers, choose, \
     shared_trial, time_candidates, time_image_towers, trial_key
 from embedserve.handler.execution.placement import Placement
-from embedserve.handler.model.description import HeadModule, M3Heads, Pooling, Scoring, SparsePooling, Towers
+from embedserve.handler.model.description import HeadModule, M3Heads, Pages, Pooling, Scoring, SparsePooling, Towers
 from embedserve.handler.model.head import load_head, logit_score_head
 from embedserve.handler.model.m3 import M3Pooler, load_m3_heads
+from embedserve.handler.model.pages import PageEncoder, PageQueries, load_pages_model
 from embedserve.handler.model.multi_vector import MultiVectorPooler
 from embedserve.handler.model.sparse import SpladePooler, masked_lm_parts
 from embedserve.handler.model.inputs import ModelInput, plain_inputs
@@ -75,6 +77,7 @@ class ModelParts:
     m3: M3Heads | None = None  # bge-m3's sparse and ColBERT heads beside the dense pipeline
     multi_vector: bool = False  # a vector per token (ColBERT): the head runs on every token
     towers: Towers | None = None  # an image-text model: texts and images through their own towers
+    pages: Pages | None = None  # a page retriever: queries and page images through one model
     attention_mask: bool = True  # the tokenizer gives the model one (a SigLIP tokenizer may not)
 
 
@@ -92,6 +95,8 @@ def select_backend(model_dir: Path, settings: Settings, placement: Placement, pa
     model_dir = Path(model_dir)
     if parts.towers:
         return _towers(model_dir, settings, placement, parts)
+    if parts.pages:
+        return _pages(model_dir, settings, placement, parts)
     engine, engine_reason = choose_engine(settings, placement, model_dir)
     default = Candidate(engine, placement.dtype)
     challengers, dtype_reason = bf16_challengers(settings, placement)
@@ -250,6 +255,28 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
     log.info("backend: %s in %s, images on its vision tower (%s)", backend.describe(), _name(placement.dtype),
              images.describe()["engine"])
     return Selection(backend, towers.dimension, placement, reasons, images=images)
+
+
+def _pages(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
+    """A page retriever's one model: queries in padded passes, page images stacked, both through
+    transformers' own forward on torch, eagerly (model/pages.py)."""
+    pages = parts.pages
+    if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
+        raise ValueError(f"{pages.architecture} runs on the torch engine, padded, without int8 or compile: handler "
+                         "settings 'engine' other than auto or torch, 'dtype' int8, 'packed' and 'compile' apply to "
+                         "text encoders")
+    placement = replace(placement, cuda_graphs=False, packed=False)
+    encoder = PageEncoder(load_pages_model(model_dir, device=placement.device, dtype=placement.dtype))
+    queries = PaddedBackend(PageQueries(encoder), modes=(), head=None, pad_id=parts.pad_id,
+                            pad_multiple=placement.pad_multiple, device=placement.device,
+                            facts={"engine": "torch", "attention": PageQueries.attention},
+                            token_pooling=MultiVectorPooler(None))
+    images = PageBackend(encoder, dtype=placement.dtype, device=placement.device)
+    reasons = {"engine": f"{pages.architecture} on torch: queries and page images through one model",
+               "dtype": "the placement's", "layout": "padded queries; page images stacked at one size",
+               "cuda_graphs": "none: a page retriever runs eagerly"}
+    log.info("backend: %s in %s, page images on the same model", queries.describe(), _name(placement.dtype))
+    return Selection(queries, pages.dimension, placement, reasons, images=images)
 
 
 def _vision_tower(path: Path, settings: Settings, placement: Placement, towers: Towers, size: int,

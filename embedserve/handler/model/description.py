@@ -201,6 +201,24 @@ class Towers:
 
 
 @dataclass(frozen=True)
+class Pages:
+    """A page retriever (ColPali; model/pages.py): a vision-language model giving a vector per
+    position of a page image (its image tokens, then the visual prompt) or of a query."""
+    architecture: str  # ColPaliForRetrieval
+    dimension: int  # a vector's width
+    image_tokens: int  # the positions a page image's patches take
+    text_positions: int  # the language model's position table
+    visual_prompt: str  # after a page's image tokens
+    query_prefix: str  # before a query's text
+    image_token: str = "<image>"
+
+    @property
+    def modules(self) -> list[str]:
+        return [f"PageEncoder(vision-language model, {self.image_tokens} image tokens a page)",
+                f"Linear(->{self.dimension})", "Normalize(per position)", "maxsim"]
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     model_type: str  # config.json's model_type: bert, xlm-roberta, qwen3, ...
     hidden_size: int  # the transformer's output width
@@ -219,10 +237,11 @@ class ModelDescription:
     # how to pool it: the mean the folder would get is no vector its makers meant (below).
     unpooled_decoder: str | None = None
     towers: Towers | None = None  # an image-text model's two towers; None for a text model
+    pages: Pages | None = None  # a page retriever's facts (its multi_vector too: scored by MaxSim)
 
     @property
     def reads_images(self) -> bool:
-        return self.towers is not None
+        return self.towers is not None or self.pages is not None
 
     @property
     def task(self) -> Task:
@@ -248,7 +267,7 @@ class ModelDescription:
             return replace(self, pooling=Pooling(("the towers' own",)))
         if self.sparse:
             return replace(self, pooling=Pooling((self.sparse.name,)))
-        if self.multi_vector:  # every token is an output: nothing to pool
+        if self.multi_vector:  # every token (a page's every position) is an output: nothing to pool
             return replace(self, pooling=Pooling(("none: a vector per token",)))
         if self.unpooled_decoder and pooling_setting == "auto":
             # sentence-transformers would take the mean of a bare folder's token states: for a
@@ -276,6 +295,8 @@ class ModelDescription:
             return self.sparse.vocabulary
         if self.towers:
             return self.towers.dimension
+        if self.pages:
+            return self.pages.dimension
         widths = [m.config["out_features"] for m in self.head if m.kind == "Dense"]
         return widths[-1] if widths else self.hidden_size * len((self.pooling or Pooling(("mean",))).modes)
 
@@ -291,6 +312,8 @@ class ModelDescription:
             return [f"SequenceClassification({len(self.scoring.labels)} labels)", self.scoring.activation]
         if self.towers:
             return self.towers.modules
+        if self.pages:
+            return self.pages.modules
         if self.sparse:
             query = ["SparseStaticEmbedding(queries)"] if self.sparse.static_query else []
             return [*query, "Transformer(masked LM)", self.sparse.name]

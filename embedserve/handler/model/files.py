@@ -34,7 +34,8 @@ from embedserve.handler.model.description import (HEAD_MODULES, IDENTITY_MODULES
                                                   Pooling, QueryExpansion, Scoring, SparsePooling, TokenPooling)
 from embedserve.handler.model.head import activation_class, check_head_module
 from embedserve.handler.model.pylate import is_pylate, prefixed_prompts, read_pylate
-from embedserve.handler.model.towers import page_retriever_refusal, read_towers
+from embedserve.handler.model.pages import read_pages
+from embedserve.handler.model.towers import read_towers
 
 # How a causal language model's checkpoint names its architecture (config.json's `architectures`).
 DECODER_HEADS = ("ForCausalLM", "LMHeadModel")
@@ -55,8 +56,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelFilesError(f"{model_dir} has no config.json: not a Hugging Face model folder")
     config = _read_json(model_dir / "config.json")
     check_architecture(config)
-    if "vlm_config" in config:  # ColPali, ColQwen2: a vision-language model under a retrieval head
-        raise ModelFilesError(page_retriever_refusal(config))
+    if "vlm_config" in config:  # ColPali: a vision-language model under a retrieval head
+        return _describe_pages(model_dir, config)
     if "vision_config" in config:  # CLIP, SigLIP: a vision tower beside the text model
         return _describe_towers(model_dir, config)
     if not isinstance(config.get("hidden_size"), int):
@@ -104,6 +105,17 @@ def _describe_towers(model_dir: Path, config: dict[str, Any]) -> ModelDescriptio
         max_seq_length=_max_seq_length(transformer),
         usable_positions=towers.text_positions, prompts=prompts, default_prompt_name=default_prompt_name,
         towers=towers)
+
+
+def _describe_pages(model_dir: Path, config: dict[str, Any]) -> ModelDescription:
+    """A page retriever (model/pages.py): a vector per position of a page image or a query,
+    scored by MaxSim as a multi-vector model's tokens are."""
+    pages = read_pages(model_dir, config)
+    return ModelDescription(
+        model_type=str(config.get("model_type", "")), hidden_size=pages.dimension, pooling=None, max_seq_length=None,
+        usable_positions=pages.text_positions, pages=pages,
+        multi_vector=MultiVector(query_length=None, document_length=None, expansion=None, skiplist_words=(),
+                                 skiplist_tasks=(), similarity="maxsim"))
 
 
 def _transformer_config(model_dir: Path) -> dict[str, Any]:

@@ -72,6 +72,12 @@ class TextTokenizer:
         self.gives_attention_mask = "attention_mask" in (hf_tokenizer.model_input_names or ())
         self._truncating_copies: dict[tuple[int, str], Tokenizer] = {}
 
+    def token(self, role: str) -> str:
+        """The special token of `role` ("bos", "pad", ...) as text."""
+        if role not in self.role_ids:
+            raise ModelFilesError(f"the tokenizer has no {role} token")
+        return self.backend.id_to_token(self.role_ids[role])
+
     def _ascii_backend(self, lowercase: bool) -> Tokenizer | None:
         """A copy for printable ASCII texts, where BERT's normalizer (control characters
         removed, CJK characters spaced, accents stripped, lowercasing) comes down to lowercasing

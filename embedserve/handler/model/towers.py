@@ -16,7 +16,7 @@ to its longest text unless the folder's `processing_kwargs` say otherwise, so it
 SigLIP text depends on the other texts of its batch; the vectors here are the model card's.
 
 Refused, saying why: SigLIP 2's variable-resolution models (Siglip2Model, NaFlex: a patch
-count per image), page retrievers (ColPali, ColQwen2: `page_retriever_refusal`), and sentence-transformers' older layout with the
+count per image), and sentence-transformers' older layout with the
 model in a `0_CLIPModel` subfolder (build that subfolder itself: it is a plain CLIP folder).
 """
 
@@ -58,16 +58,6 @@ def read_towers(model_dir: Path, config: dict[str, Any]) -> Towers:
                               f"dimensions, the vision tower's pooling gives {vision.hidden_size}: not one space")
     return Towers(architecture, vision.hidden_size, text.max_position_embeddings, patches,
                   text_length=text.max_position_embeddings)
-
-
-def page_retriever_refusal(config: dict[str, Any]) -> str:
-    """Why a page retriever (transformers' ColPaliForRetrieval, ColQwen2ForRetrieval: a
-    vision-language model under a retrieval head, its config's `vlm_config`) is refused."""
-    model_type = config.get("model_type", "?")
-    architecture = str((config.get("architectures") or [""])[0]) or "no architectures"
-    return (f"'{model_type}' ({architecture}) is a page retriever (a vector per image patch and per query token, "
-            "scored by MaxSim), which is not served yet; the image-text models served are CLIPModel and SiglipModel "
-            "(a vector per image or text); see docs/models.md")
 
 
 def _check_modules(model_dir: Path) -> None:

@@ -29,8 +29,8 @@ from embedserve.handler.model.description import Task
 from embedserve.handler.routes.base import RouteSpec, parsing, texts_body
 from embedserve.handler.routes.cohere import cohere_answer, cohere_operations
 from embedserve.handler.routes.openai import encode_vector, openai_list
-from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many, operation,
-                                              option_schema, ref)
+from embedserve.handler.routes.schema import (EMBED_ERRORS, ServedModel, error_responses, examples, many,
+                                              most_images, operation, option_schema, ref)
 from embedserve.handler.routes.tei import best_first
 from embedserve.handler.tasks.embed import IGNORED_FIELDS
 from embedserve.handler.tasks.multi_vector import (INPUT_TYPES, MaxSimScores, MultiVectorRequest, TokenEmbeddings,
@@ -39,6 +39,8 @@ from embedserve.handler.inputs.text import read_texts
 from embedserve.handler.tasks.score import parse_query
 
 MULTI_VECTOR = frozenset({Task.MULTI_VECTOR})
+# TEI's rerank options: "modality": "image" makes its texts page images (a page retriever).
+SCORING_OPTIONS = ("truncate", "truncation_direction", "modality")
 
 
 def parse(route: Route, body: Any, content_type: str | None, method: str | None) -> MultiVectorRequest:
@@ -58,7 +60,7 @@ def parse(route: Route, body: Any, content_type: str | None, method: str | None)
 def parse_rerank(body: Any, content_type: str | None, method: str | None) -> MultiVectorRequest:
     try:
         payload = json_object(body, content_type, method)
-        options = parse_multi_vector_options({key: payload.get(key) for key in ("truncate", "truncation_direction")})
+        options = parse_multi_vector_options({key: payload.get(key) for key in SCORING_OPTIONS})
         option_value(payload, "raw_scores", bool)  # MaxSim has no activation: its scores are raw
         texts = read_texts(required(payload, "texts"), "texts")
         return MultiVectorRequest(Route.TEI_RERANK, (parse_query(payload), *texts), options, field="texts",
@@ -110,8 +112,26 @@ def encode_rerank(request: MultiVectorRequest, result: MaxSimScores, model_name:
 def _options(model: ServedModel) -> dict[str, Any]:
     shared = {key: option_schema(key, model) for key in ("truncate", "truncation_direction", "output_dtype",
                                                            "encoding_format")}
-    return {**shared, "input_type": {"enum": [*INPUT_TYPES, None], "description": "query or document: its prompt, "
-                                     "length, query expansion and skiplist; missing: neither (encode's own)"}}
+    return {**shared, "modality": option_schema("modality", model),
+            "input_type": {"enum": [*INPUT_TYPES, None], "description": "query or document: its prompt, "
+                           "length, query expansion and skiplist; missing: neither (encode's own)"}}
+
+
+def _page_list(model: ServedModel) -> dict[str, Any]:
+    return {**many(model), "maxItems": most_images(model), "items": ref("Image")}
+
+
+def _pages_are_images(model: ServedModel, field: str, listed: bool = False) -> dict[str, Any]:
+    """A page retriever's request with "modality": "image": `field` holds page images (`listed`: a
+    list of them, never one alone)."""
+    if not model.reads_images:
+        return {}
+    then = {"properties": {field: _page_list(model) if listed else ref("ImageInputs")}}
+    if listed:  # a scoring request: its query is a text, its documents the images
+        return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}}, "then": then}
+    # Texts are queries: "document" is for page images alone.
+    return {"if": {"required": ["modality"], "properties": {"modality": {"const": "image"}}}, "then": then,
+            "else": {"properties": {"input_type": {"enum": ["query", None]}}}}
 
 
 def schemas(model: ServedModel) -> dict[str, Any]:
@@ -122,9 +142,11 @@ def schemas(model: ServedModel) -> dict[str, Any]:
               "description": "the input's token vectors, tokens x dimension (base64: row by row)"}
     return {
         "MultiVectorRequest": {"type": "object", "required": ["input"],
-                               "properties": {"input": {"anyOf": [ref("Text"), {**many(model), "items": ref("Text")}]},
+                               "properties": {"input": {"anyOf": [ref("Text"), {**many(model), "items": ref("Text")},
+                                                                  *([ref("ImageInputs")] if model.reads_images else [])]},
                                               **_options(model),
-                                              **{key: {"type": ["string", "null"]} for key in IGNORED_FIELDS}}},
+                                              **{key: {"type": ["string", "null"]} for key in IGNORED_FIELDS}},
+                               **_pages_are_images(model, "input")},
         "MultiVectorList": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
             "object": {"const": "list"}, "model": {"const": model.name}, "usage": {"type": "object"},
             "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"],
@@ -134,9 +156,10 @@ def schemas(model: ServedModel) -> dict[str, Any]:
                                "properties": {"inputs": ref("TEIInputs"), **_options(model)}},
         "TEIEmbedAll": {"type": "array", "items": tokens},
         "MaxSimRerankRequest": {"type": "object", "required": ["query", "texts"], "properties": {
-            "query": ref("Text"), "texts": {**many(model), "items": ref("Text")},
+            "query": ref("Text"), "texts": {"anyOf": [{**many(model), "items": ref("Text")},
+                                                      *([_page_list(model)] if model.reads_images else [])]},
             "return_text": {"type": ["boolean", "null"]}, "raw_scores": {"type": ["boolean", "null"]},
-            **{key: option_schema(key, model) for key in ("truncate", "truncation_direction")}}},
+            **{key: option_schema(key, model) for key in SCORING_OPTIONS}}, **_pages_are_images(model, "texts", listed=True)},
         "MaxSimRanking": {"type": "array", "items": {"type": "object", "required": ["index", "score"], "properties": {
             "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}},
     }

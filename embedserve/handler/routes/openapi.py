@@ -26,7 +26,7 @@ def service_document(service: Any, server: ServerProfile, version: str) -> dict[
         name=service.model_name, version=version, dimension=text.checks.dimension, max_length=text.max_length,
         vocab_size=text.tokenizer.vocab_size, prompts=tuple(sorted(text.prompts)), settings=service.settings,
         max_tokens_per_request=service.max_request_tokens, max_chunk_overlap=text.max_chunk_overlap,
-        span_pooling=text.pools_spans, reads_images=text.images is not None, task=service.task,
+        span_pooling=text.pools_spans, reads_images=(text.images or getattr(service.work, "images", None)) is not None, task=service.task,
         labels=getattr(service.work, "labels", ()), instructed=getattr(service.work, "chat_pairs", None) is not None,
         server=server))
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from embedserve.handler.api.codec import option_value
-from embedserve.handler.api.errors import RequestError
+from embedserve.handler.api.errors import RequestError, unprocessable
 from embedserve.handler.api.quantize import quantize
 from embedserve.handler.api.route import Route
 from embedserve.handler.model.description import ModelFilesError, MultiVector, Task, TokenPooling
@@ -38,15 +38,16 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pooling import l2_normalize
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, Outcome, RequestChecks, each_request, each_result
-from embedserve.handler.tasks.embed import (CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes, refuse_images,
-                                            refuse_long_input)
+from embedserve.handler.tasks.embed import CASE_INSENSITIVE, OPTION_TYPES, max_answer_bytes, refuse_long_input
 
 INPUT_TYPES = ("query", "document")
 EMPTY_DOCUMENT_SCORE = -1e9
 
-# The options of a multi-vector request, as OPTION_TYPES lists the embed task's.
+# The options of a multi-vector request, as OPTION_TYPES lists the embed task's; "modality":
+# "image" makes the inputs (a scoring request's documents) page images, for a page retriever.
 MULTI_VECTOR_OPTION_TYPES: dict[str, tuple[type, tuple[str, ...]]] = {
-    **{key: OPTION_TYPES[key] for key in ("truncate", "truncation_direction", "output_dtype", "encoding_format")},
+    **{key: OPTION_TYPES[key] for key in ("truncate", "truncation_direction", "output_dtype", "encoding_format",
+                                          "modality")},
     "input_type": (str, INPUT_TYPES),
 }
 
@@ -58,6 +59,7 @@ class MultiVectorOptions:
     output_dtype: str = "float"
     encoding_format: str = "float"
     input_type: str | None = None  # query, document, or neither (encode's own)
+    modality: str = "text"  # "image": the inputs (a scoring request's documents) are page images
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,6 @@ class MaxSimScores:
 
 def parse_multi_vector_options(payload: dict[str, Any]) -> MultiVectorOptions:
     refuse_long_input(payload, "multi-vector")
-    refuse_images(payload, "multi-vector")
     values = {key: option_value(payload, key, kind, choices, key in CASE_INSENSITIVE)
               for key, (kind, choices) in MULTI_VECTOR_OPTION_TYPES.items()}
     return MultiVectorOptions(**{key: value for key, value in values.items() if value is not None})
@@ -173,6 +174,9 @@ class MultiVectorTask:
         return each_request(requests, lambda request: self._job(request, budget))
 
     def _job(self, request: MultiVectorRequest, budget: WorkBudget | None) -> Job:
+        if request.options.modality != "text":
+            raise unprocessable("'modality' image: page images need a page retriever (ColPali); this multi-vector "
+                                "model reads texts only", param="modality")
         self.checks.count(request)
         for i, text in enumerate(request.inputs):
             self.checks.text.chars(text, request.param(i))

@@ -297,21 +297,23 @@ def test_siglip2_naflex_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_pat
     assert "build that subfolder itself" in capsys.readouterr().err
 
 
-def test_page_retrievers_are_refused_saying_why(tmp_path, config, capsys):
-    """A ColPali folder as transformers saves it is refused by the build as a page retriever, and
-    a ColQwen2 config as transformers writes it when read: not for a missing hidden_size (their
-    configs nest it), as they were."""
+def test_a_colpali_folder_builds_checked_against_transformers_and_colqwen2_is_refused(tmp_path, config, capsys):
+    """A ColPali folder as transformers saves it builds, its served vectors and MaxSim scores
+    compared with ColPaliForRetrieval's by the build; a ColQwen2 config as transformers writes it
+    is refused saying why (not for a missing hidden_size: these configs nest it)."""
     from transformers import ColQwen2Config
 
     from embedserve.handler.model.description import ModelFilesError
     from embedserve.handler.model.files import describe_model
     from tests.support.page_models import make_colpali
 
-    assert run_build(config, "--model", str(make_colpali(tmp_path / "colpali"))) == 1
+    assert run_build(config, "--model", str(make_colpali(tmp_path / "colpali")), "--name", "colpali") == 0
     err = capsys.readouterr().err
-    assert "'colpali' (ColPaliForRetrieval) is a page retriever" in err and "not served yet" in err, err
+    assert "a page retriever (ColPaliForRetrieval: a 16-wide vector per position" in err and "no ONNX export" in err
+    assert "transformers ColPaliForRetrieval: min cosine 1.000000" in err, err
     ColQwen2Config(architectures=["ColQwen2ForRetrieval"]).save_pretrained(tmp_path / "colqwen2")
-    with pytest.raises(ModelFilesError, match=r"'colqwen2' \(ColQwen2ForRetrieval\) is a page retriever"):
+    with pytest.raises(ModelFilesError, match=r"'colqwen2' \(ColQwen2ForRetrieval\) is a page retriever .* not "
+                                              r"served: ColPaliForRetrieval is"):
         describe_model(tmp_path / "colqwen2")
 
 
