@@ -37,11 +37,15 @@ def done(tmp_path_factory) -> subprocess.CompletedProcess:
     (folder / "conftest.py").write_text(CONFTEST)
     for name, tests in MODULES.items():
         (folder / name).write_text("import os, time\n" + tests)
-    return subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider"], cwd=folder,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=90)
+    # A clean environment and configuration: none of the outer run's (its own xdist worker's) settings.
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "PY_"))}
+    return subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider", "--rootdir",
+                           str(folder), "-o", "addopts=", "--max-worker-restart", "8"], cwd=folder,
+                          env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=90)
 
 
 def test_a_dead_worker_fails_its_test_once_and_the_run_ends_with_every_other_test_run_once(done):
+    print(done.stdout[-6000:], done.stderr[-2000:])  # shown where it fails
     outcomes = re.findall(r"\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED) (\S+)", done.stdout)
     ran = sorted(nodeid for _, nodeid in outcomes)
     assert ran == sorted({nodeid for _, nodeid in outcomes}), done.stdout  # none twice
