@@ -114,3 +114,16 @@ def test_its_openapi_document_is_valid_and_offers_page_images(service):
     request = document["components"]["schemas"]["MultiVectorRequest"]
     assert request["properties"]["modality"]["enum"] == ["text", "image", None]
     assert request["then"]["properties"]["input"] == {"$ref": "#/components/schemas/ImageInputs"}
+
+
+def test_through_the_cache_each_page_keeps_its_own_vectors(colpali, service):
+    """Every page has the same ids: the cache keys its pixels too, so a cached page never answers
+    for another."""
+    cached = assemble(colpali, Settings(dtype="float32", cache_entries=64), model_name="colpali", warm=False)
+    uris = [data_uri(image) for image in page_images(3)]
+    [(_, want)] = call(service, "", {"input": uris, "modality": "image"})
+    for _ in range(2):  # filled, then answered from the cache
+        [(status, got)] = call(cached, "", {"input": uris, "modality": "image"})
+        assert status == 200
+        for item, expected in zip(got["data"], want["data"], strict=True):
+            np.testing.assert_allclose(item["embedding"], expected["embedding"], atol=1e-6)
