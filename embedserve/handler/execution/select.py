@@ -217,17 +217,23 @@ def _build(model_dir: Path, candidate: Candidate, placement: Placement, parts: M
     return Selection(backend, dimension, placement, reasons)
 
 
+def _eager_padded(settings: Settings, placement: Placement, runs_on: str) -> Placement:
+    """An image model's placement: padded passes without CUDA graphs; the settings that take text
+    encoders alone (another engine, int8, packed, compile) are a settings error saying `runs_on`."""
+    if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
+        raise ValueError(f"{runs_on}, padded, without int8 or compile: handler settings 'engine' other than auto or "
+                         "torch, 'dtype' int8, 'packed' and 'compile' apply to text encoders")
+    return replace(placement, cuda_graphs=False, packed=False)
+
+
 def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
     """An image-text model's two towers: texts in padded passes, images stacked; each through its
     ONNX export on ONNX Runtime on a CPU in float32 where the build made one (faster than torch
     eager there: backends/onnx_runtime.py), else through torch. The other engines, layouts and CUDA
     graphs take text encoders only: asked for, they are a settings error."""
     towers = parts.towers
-    if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
-        raise ValueError(f"{towers.architecture} runs on the torch engine (its towers' exports on ONNX Runtime on "
-                         "a CPU), padded, without int8 or compile: handler settings 'engine' other than auto or "
-                         "torch, 'dtype' int8, 'packed' and 'compile' apply to text encoders")
-    placement = replace(placement, cuda_graphs=False, packed=False)
+    placement = _eager_padded(settings, placement, f"{towers.architecture} runs on the torch engine (its towers' "
+                                                   "exports on ONNX Runtime on a CPU)")
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
     feed = TextFeed(towers.text_length, parts.pad_id, parts.attention_mask)
     onnx = settings.engine == "auto" and placement.device.type == "cpu" and placement.dtype == torch.float32
@@ -261,11 +267,7 @@ def _pages(model_dir: Path, settings: Settings, placement: Placement, parts: Mod
     """A page retriever's one model: queries in padded passes, page images stacked, both through
     transformers' own forward on torch, eagerly (model/pages.py)."""
     pages = parts.pages
-    if settings.engine not in ("auto", "torch") or placement.int8 or settings.packed is True or placement.compile:
-        raise ValueError(f"{pages.architecture} runs on the torch engine, padded, without int8 or compile: handler "
-                         "settings 'engine' other than auto or torch, 'dtype' int8, 'packed' and 'compile' apply to "
-                         "text encoders")
-    placement = replace(placement, cuda_graphs=False, packed=False)
+    placement = _eager_padded(settings, placement, f"{pages.architecture} runs on the torch engine")
     encoder = PageEncoder(load_pages_model(model_dir, device=placement.device, dtype=placement.dtype))
     queries = PaddedBackend(PageQueries(encoder), modes=(), head=None, pad_id=parts.pad_id,
                             pad_multiple=placement.pad_multiple, device=placement.device,

@@ -204,10 +204,12 @@ class MultiVectorTask:
         added = expansion.length - len(ids)
         return ModelInput(ids + [self.expansion_id] * added, expansion=0 if expansion.attend else added)
 
-    def _check_answer(self, request: MultiVectorRequest) -> None:
-        """The answer's bound before any work: every input at its type's full length."""
+    def _check_answer(self, request: MultiVectorRequest, tokens: int | None = None) -> None:
+        """The answer's bound before the model's work: a vector for each of `tokens` positions, by
+        default every input at its type's full length."""
         options = request.options
-        tokens = len(request.inputs) * self.max_length(options.input_type)
+        if tokens is None:
+            tokens = len(request.inputs) * self.max_length(options.input_type)
         answer = max_answer_bytes(tokens, self.checks.dimension, options.output_dtype, options.encoding_format,
                                   self.checks.model_name, request.route)
         self.checks.answer_size(request, answer, "send fewer inputs per request, \"encoding_format\": \"base64\" or "

@@ -23,7 +23,6 @@ from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.pages import query_text
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, RequestChecks
-from embedserve.handler.tasks.embed import max_answer_bytes
 from embedserve.handler.tasks.multi_vector import MultiVectorRequest, MultiVectorTask
 
 
@@ -63,16 +62,7 @@ class PagesTask(MultiVectorTask):
             inputs[i] = ModelInput(ids[:self.checks.max_length])
         ordered = [inputs[i] for i in range(len(request.inputs))]
         tokens = sum(len(item) for item in ordered)
-        if not request.scoring:
+        if not request.scoring:  # the positions are known once the inputs are prepared (a page's are its ids')
             self._check_answer(request, tokens)
         self.checks.tokens(tokens, request.field, budget)
         return Job(request, ordered)
-
-    def _check_answer(self, request: MultiVectorRequest, tokens: int) -> None:  # type: ignore[override]
-        """The answer's bound before the model's work: a vector per position of the inputs, whose
-        positions are known once they are prepared (a page's are its ids')."""
-        options = request.options
-        answer = max_answer_bytes(tokens, self.checks.dimension, options.output_dtype, options.encoding_format,
-                                  self.checks.model_name, request.route)
-        self.checks.answer_size(request, answer, "send fewer inputs per request, \"encoding_format\": \"base64\" or "
-                                                 "a smaller 'output_dtype'")
