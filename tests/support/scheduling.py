@@ -18,6 +18,20 @@ class ModuleScheduling(LoadScopeScheduling):
         module = nodeid.split("::", 1)[0]
         return self.groups.get(module, module)
 
+    def _reschedule(self, node) -> None:
+        """More work for `node`, unless it died since its last report: the work it could not be
+        sent goes back to the front of the queue, and its death, reported next (remove_node), hands
+        its module on. xdist would end the run with an INTERNALERROR (cannot send, already closed)."""
+        assigned = self.assigned_work[node]
+        before = len(assigned)
+        try:
+            super()._reschedule(node)
+        except OSError:
+            if len(assigned) > before:  # the unit assigned but not sent
+                scope, unit = assigned.popitem()
+                self.workqueue[scope] = unit
+                self.workqueue.move_to_end(scope, last=False)
+
     def remove_node(self, node):
         """A worker that died (out of memory, say) fails the test it ran, and its module's other
         tests go to a worker. xdist's own loadscope would run the deadly test again and put back

@@ -60,3 +60,28 @@ def test_a_group_of_modules_goes_to_one_worker(done):
     workers = {module: set(re.findall(rf"\[(gw\d+)\] \[\s*\d+%\] \w+ {module}", done.stdout))
                for module in ("test_c.py", "test_d.py")}
     assert len(workers["test_c.py"] | workers["test_d.py"]) == 1, done.stdout
+
+
+class DeadNode:
+    """A worker that died since its last report: sending it work fails as execnet's channel does."""
+    shutting_down = False
+
+    def send_runtest_some(self, indices):
+        raise OSError("cannot send (already closed?)")
+
+
+def test_work_that_cannot_be_sent_to_a_dead_worker_goes_back_to_the_front_of_the_queue():
+    from types import SimpleNamespace
+
+    from tests.support.scheduling import ModuleScheduling
+
+    config = SimpleNamespace(getvalue=lambda name: {"tx": ["popen"] * 2, "numprocesses": 2}.get(name),
+                             option=SimpleNamespace(loadscopereorder=False, numprocesses=2, tx=["popen"] * 2,
+                                                    dist="loadscope"))
+    scheduler = ModuleScheduling(config)
+    node = DeadNode()
+    scheduler.assigned_work[node] = {}
+    scheduler.registered_collections[node] = ["a.py::t1", "b.py::t1"]
+    scheduler.workqueue.update({"a.py": {"a.py::t1": False}, "b.py": {"b.py::t1": False}})
+    scheduler._reschedule(node)  # no error: the unit is kept for another worker
+    assert list(scheduler.workqueue) == ["a.py", "b.py"] and scheduler.assigned_work[node] == {}
