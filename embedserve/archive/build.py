@@ -161,8 +161,11 @@ def make_archive(args: argparse.Namespace) -> Archive:
                   "ONNX export; bfloat16 CPU engines: not checked for sparse models, CPU workers serve float32",
                   file=sys.stderr)
         elif description.pages:  # transformers' own forward, queries and page images through one model
-            print(f"a page retriever ({description.pages.architecture}: a {dimension}-wide vector per position of a "
-                  f"page image, {description.pages.image_tokens} image tokens a page, and per query token; MaxSim): "
+            pages = description.pages
+            tokens = f"image tokens by a page's size, {pages.image_tokens} at its pixel bound" if pages.merge else \
+                f"{pages.image_tokens} image tokens a page"
+            print(f"a page retriever ({pages.architecture}: a {dimension}-wide vector per position of a "
+                  f"page image, {tokens}, and per query token; MaxSim): "
                   "the torch engine, no ONNX export; bfloat16 CPU engines: not checked for page retrievers, CPU "
                   "workers serve float32", file=sys.stderr)
         elif description.towers:  # its towers run in ONNX Runtime on a CPU where they export, else in torch

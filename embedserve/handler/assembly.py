@@ -30,7 +30,7 @@ from embedserve.handler.model.chat_pairs import ChatPairTokenizer
 from embedserve.handler.model.description import ModelDescription, Task
 from embedserve.handler.model.files import describe_model, resolve_max_length
 from embedserve.handler.model.inputs import plain_inputs
-from embedserve.handler.model.pages import page_text
+from embedserve.handler.model.pages import PageIds, prompt_bos
 from embedserve.handler.model.tokenization import TextTokenizer, set_parallelism
 from embedserve.handler.routes.describe import Description, info_body
 from embedserve.handler.routes.openapi import service_document
@@ -147,9 +147,10 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         identity=f"{CACHED_VECTORS}|{settings.revision}|{dtype}|{'/'.join(model.modules)}")
     checks = RequestChecks(tokenizer, settings, model_name=model_name, dimension=encoder.dimension,
                            max_length=max_length)
-    # A page retriever's page: the same ids for every page image (model/pages.py), what a page costs.
-    page_ids = tokenizer.body_ids([page_text(model.pages, tokenizer.token("bos"))])[0] if model.pages else []
-    image_positions = model.towers.image_positions if model.towers else len(page_ids)
+    # A page retriever's page ids, by its image tokens (model/pages.py).
+    page_ids = PageIds.of(model.pages, tokenizer) if model.pages else None
+    image_positions = model.towers.image_positions if model.towers else \
+        len(page_ids(model.pages.image_tokens)) if page_ids else 0
     images = ImageReader(ImagePreparation(model_dir, image_positions), ImageLimits.of(settings),
                          url_hosts=settings.image_url_hosts, url_timeout_s=settings.image_url_timeout_s) \
         if model.reads_images else None
@@ -163,8 +164,8 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         work = SparseTask(checks, prompts=model.prompts, default_prompt=default_prompt, include_prompt=True,
                           query_weights=query_weights)
     elif model.task is Task.MULTI_VECTOR and model.pages:
-        work = PagesTask(checks, model.multi_vector, model.pages, images, page_ids, bos=tokenizer.token("bos"),
-                         pad=tokenizer.token("pad"))
+        work = PagesTask(checks, model.multi_vector, model.pages, images, page_ids,
+                         bos=prompt_bos(model.pages, tokenizer), pad=tokenizer.token("pad"))
     elif model.task is Task.MULTI_VECTOR:
         work = MultiVectorTask(checks, model.multi_vector, model.prompts, plain_length)
     elif model.task is Task.HYBRID:

@@ -1,13 +1,15 @@
-"""Page images through the real TorchServe: the session catalog's tiny ColPali
-(tests/support/page_models.py), built as a user builds the folder. Page images and queries answered
-as transformers' ColPaliForRetrieval embeds them, a query's pages ranked by MaxSim as
-ColPaliProcessor.score_retrieval scores them (TEI's rerank route), base64 on the OpenAI route, and a
-bad page answered alone, the rest of its batch served, the worker unchanged."""
+"""Page images through the real TorchServe: the session catalog's tiny ColPali and ColQwen2
+(tests/support/page_models.py), built as a user builds the folders. Page images and queries
+answered as transformers' ColPaliForRetrieval and ColQwen2ForRetrieval embed them (ColQwen2's pages
+of several sizes in one request), a query's pages ranked by MaxSim as the processor's
+score_retrieval scores them (TEI's rerank route), base64 on the OpenAI route, and a bad page
+answered alone, the rest of its batch served, the worker unchanged."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,7 +18,7 @@ import requests
 import torch
 from PIL import Image
 
-from tests.support.catalog import PAGES
+from tests.support.catalog import PAGES, PAGES_BY_SIZE
 from tests.support.client import worker_identities
 from tests.support.images import data_uri, image_file, photo
 
@@ -25,12 +27,21 @@ pytestmark = pytest.mark.integration
 QUERIES = ["two dogs", "a cat on the mat"]
 
 
-@pytest.fixture(scope="module")
-def reference(catalog_models):
-    from transformers import ColPaliForRetrieval, ColPaliProcessor
+@pytest.fixture(scope="module", params=[PAGES, PAGES_BY_SIZE])
+def served(request, catalog_models):
+    """A served page retriever's name, with transformers' processor and model of its folder."""
+    import transformers
 
-    folder = catalog_models[PAGES]
-    return ColPaliProcessor.from_pretrained(folder), ColPaliForRetrieval.from_pretrained(folder).eval()
+    folder = catalog_models[request.param]
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    return (request.param, transformers.AutoProcessor.from_pretrained(folder),
+            getattr(transformers, architecture).from_pretrained(folder).eval())
+
+
+def embedded(model, batch) -> list[np.ndarray]:
+    """Each row's vectors where the mask attends (ColQwen2's pages of other sizes are padded)."""
+    with torch.inference_mode():
+        return [row[mask.bool()].numpy() for row, mask in zip(model(**batch).embeddings, batch["attention_mask"])]
 
 
 def pages() -> list[tuple[Image.Image, str]]:
@@ -43,29 +54,30 @@ def pages() -> list[tuple[Image.Image, str]]:
     return made
 
 
-def post(catalog, body, route=""):
-    url = f"{catalog.url('inference')}/predictions/{PAGES}" + (f"/1.0/{route}" if route else "")
+def post(catalog, body, route="", name=PAGES):
+    url = f"{catalog.url('inference')}/predictions/{name}" + (f"/1.0/{route}" if route else "")
     return requests.post(url, json=body, headers=catalog.auth(), timeout=120)
 
 
-def test_pages_and_queries_are_colpalis_vectors_and_ranked_by_its_maxsim(catalog, reference):
-    processor, model = reference
+def test_pages_and_queries_are_the_references_vectors_and_ranked_by_its_maxsim(catalog, served):
+    name, processor, model = served
     images, uris = zip(*pages())
-    queries = processor.process_queries(QUERIES)
-    with torch.inference_mode():
-        want_pages = model(**processor.process_images(list(images))).embeddings
-        want_queries = model(**queries).embeddings
-    answer = post(catalog, {"input": list(uris), "modality": "image"})
+    want_pages = embedded(model, processor.process_images(list(images)))
+    want_queries = embedded(model, processor.process_queries(QUERIES))
+    answer = post(catalog, {"input": list(uris), "modality": "image"}, name=name)
     assert answer.status_code == 200, answer.text
-    for item, want in zip(answer.json()["data"], want_pages.numpy(), strict=True):
+    for item, want in zip(answer.json()["data"], want_pages, strict=True):
         np.testing.assert_allclose(np.array(item["embedding"]), want, atol=1e-5)
-    answer = post(catalog, {"input": QUERIES, "encoding_format": "base64"}, "v1/embeddings")
+    answer = post(catalog, {"input": QUERIES, "encoding_format": "base64"}, "v1/embeddings", name=name)
     assert answer.status_code == 200, answer.text
-    for item, want, mask in zip(answer.json()["data"], want_queries.numpy(), queries["attention_mask"], strict=True):
+    for item, want in zip(answer.json()["data"], want_queries, strict=True):
         got = np.frombuffer(base64.b64decode(item["embedding"]), "<f4").reshape(-1, want.shape[1])
-        np.testing.assert_allclose(got, want[mask.bool().numpy()], atol=1e-5)
-    scores = processor.score_retrieval(want_queries[:1], want_pages)[0]
-    ranked = post(catalog, {"query": QUERIES[0], "texts": list(uris), "modality": "image"}, "rerank")
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    # A page at a time: score_retrieval pads pages of other lengths with zero vectors.
+    query = torch.from_numpy(want_queries[0])
+    scores = torch.tensor([float(processor.score_retrieval([query], [torch.from_numpy(page)])[0, 0])
+                           for page in want_pages])
+    ranked = post(catalog, {"query": QUERIES[0], "texts": list(uris), "modality": "image"}, "rerank", name=name)
     assert ranked.status_code == 200, ranked.text
     assert [item["index"] for item in ranked.json()] == scores.argsort(descending=True).tolist()
     np.testing.assert_allclose([item["score"] for item in ranked.json()], scores.sort(descending=True).values,

@@ -1,5 +1,5 @@
 """The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3), multi-vector (ColBERT),
-image-text (CLIP, SigLIP) and page retriever (ColPali) models, served by one real TorchServe built as a user builds them (the model and its name, one
+image-text (CLIP, SigLIP) and page retriever (ColPali, ColQwen2) models, served by one real TorchServe built as a user builds them (the model and its name, one
 worker each). The served tests of those outputs and their OpenAPI fuzzing share it
 (tests/conftest.py): a server of its own only where a test needs a server-wide property."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.support.image_models import make_clip, make_siglip
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
-from tests.support.page_models import make_colpali
+from tests.support.page_models import make_colpali, make_colqwen2
 from tests.support.sparse_models import make_inference_free, make_splade
 
 # The SPLADE shapes served: BERT with max pooling, XLM-R with sum pooling and log1p_relu.
@@ -21,6 +21,7 @@ MULTI_VECTOR = "colbert"
 IMAGE_TEXT = "clip"
 SIGLIP = "siglip"
 PAGES = "colpali"
+PAGES_BY_SIZE = "colqwen2"  # a page retriever whose pages keep their own sizes
 
 
 def make_catalog_models(root: Path) -> dict[str, Path]:
@@ -33,6 +34,7 @@ def make_catalog_models(root: Path) -> dict[str, Path]:
     models[IMAGE_TEXT] = make_clip(root / "clip")
     models[SIGLIP] = make_siglip(root / "siglip")
     models[PAGES] = make_colpali(root / "colpali")
+    models[PAGES_BY_SIZE] = make_colqwen2(root / "colqwen2")
     return models
 
 

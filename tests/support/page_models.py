@@ -1,4 +1,5 @@
-"""A tiny random page retriever made offline: transformers' ColPaliForRetrieval.
+"""Tiny random page retrievers made offline: transformers' ColPaliForRetrieval and
+ColQwen2ForRetrieval.
 
 vidore/colpali-v1.3-hf's published files were not found. The model is transformers'
 ColPaliConfig (its defaults: PaliGemma's architecture, a Gemma language model and a SigLIP vision
@@ -9,6 +10,15 @@ ColPaliProcessor saved by transformers itself (the published prompts, "Describe 
 level tokenizer with Gemma's special tokens (<pad> 0, <eos> 1, <bos> 2, <unk> 3) and the words of
 tests/support/tiny_model.py; the processor adds <image> and PaliGemma's location and segmentation
 tokens, as it does to Gemma's.
+
+vidore/colqwen2-v1.0-hf's published files were not found either. The ColQwen2 is transformers'
+ColQwen2Config (Qwen2-VL's architecture) shrunk: hidden 32, 2 layers each, M-RoPE sections
+[2, 1, 1] for 8-wide heads, 14-pixel patches merged 2 x 2 into an image token as published, pages
+resized within 4 to 16 image tokens (28 x 28 pixels a token; Qwen2-VL's default bound is 1,280),
+16-wide vectors. The processor is ColQwen2Processor saved by transformers itself (its published
+prompts: the Qwen2-VL chat-formatted visual prompt and "Query: "; the image processor
+Qwen2VLImageProcessor, CLIP's mean and std), over a word-level tokenizer with Qwen2's special
+tokens (<|endoftext|> its pad, no bos) and the words of tests/support/tiny_model.py.
 """
 
 from __future__ import annotations
@@ -22,6 +32,9 @@ from tests.support.tiny_model import _vocab
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 IMAGE_SIZE, PATCH_SIZE = 56, 14
+QWEN2_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                 "<|video_pad|>"]
+QWEN2_TOKEN_PIXELS = 28 * 28  # a 2 x 2 merge of 14-pixel patches
 
 
 def make_colpali(path: Path, seed: int = 0) -> Path:
@@ -47,4 +60,34 @@ def make_colpali(path: Path, seed: int = 0) -> Path:
                           "num_image_tokens": images.image_seq_length}})
     torch.manual_seed(seed)
     ColPaliForRetrieval(config).eval().save_pretrained(path)
+    return path
+
+
+def make_colqwen2(path: Path, seed: int = 0, most_tokens: int = 16) -> Path:
+    """A page retriever whose pages keep their size: `most_tokens` image tokens at most a page."""
+    from transformers import (ColQwen2Config, ColQwen2ForRetrieval, ColQwen2Processor, PreTrainedTokenizerFast,
+                              Qwen2VLImageProcessor)
+
+    path.mkdir(parents=True, exist_ok=True)
+    words = [*QWEN2_SPECIAL, *(w for w in _vocab() if not w.startswith("[")), "\n", "user", "Describe", "image.",
+             "Query:"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="<|endoftext|>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n|[^\s]+"), behavior="removed", invert=True)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                        unk_token="<|endoftext|>", additional_special_tokens=QWEN2_SPECIAL[1:])
+    images = Qwen2VLImageProcessor(min_pixels=4 * QWEN2_TOKEN_PIXELS, max_pixels=most_tokens * QWEN2_TOKEN_PIXELS,
+                                   patch_size=14, merge_size=2, temporal_patch_size=2)
+    ColQwen2Processor(image_processor=images, tokenizer=tokenizer).save_pretrained(path)
+    token = tokenizer.convert_tokens_to_ids
+    vocabulary = len(tokenizer)
+    config = ColQwen2Config(embedding_dim=16, vlm_config={
+        "model_type": "qwen2_vl", "vocab_size": vocabulary, "image_token_id": token("<|image_pad|>"),
+        "video_token_id": token("<|video_pad|>"), "vision_start_token_id": token("<|vision_start|>"),
+        "text_config": {**TINY, "model_type": "qwen2_vl_text", "num_key_value_heads": 2, "vocab_size": vocabulary,
+                        "bos_token_id": None, "eos_token_id": token("<|endoftext|>"),
+                        "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
+        "vision_config": {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2,
+                          "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}})
+    torch.manual_seed(seed)
+    ColQwen2ForRetrieval(config).eval().save_pretrained(path)
     return path

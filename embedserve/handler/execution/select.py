@@ -268,14 +268,16 @@ def _pages(model_dir: Path, settings: Settings, placement: Placement, parts: Mod
     transformers' own forward on torch, eagerly (model/pages.py)."""
     pages = parts.pages
     placement = _eager_padded(settings, placement, f"{pages.architecture} runs on the torch engine")
-    encoder = PageEncoder(load_pages_model(model_dir, device=placement.device, dtype=placement.dtype))
+    encoder = PageEncoder(load_pages_model(model_dir, pages.architecture, device=placement.device,
+                                           dtype=placement.dtype), pages.family)
     queries = PaddedBackend(PageQueries(encoder), modes=(), head=None, pad_id=parts.pad_id,
                             pad_multiple=placement.pad_multiple, device=placement.device,
                             facts={"engine": "torch", "attention": PageQueries.attention},
                             token_pooling=MultiVectorPooler(None))
-    images = PageBackend(encoder, dtype=placement.dtype, device=placement.device)
+    images = PageBackend(encoder, dtype=placement.dtype, device=placement.device, pad_id=parts.pad_id)
     reasons = {"engine": f"{pages.architecture} on torch: queries and page images through one model",
-               "dtype": "the placement's", "layout": "padded queries; page images stacked at one size",
+               "dtype": "the placement's",
+               "layout": "padded queries; page images stacked, padded where their sizes vary",
                "cuda_graphs": "none: a page retriever runs eagerly"}
     log.info("backend: %s in %s, page images on the same model", queries.describe(), _name(placement.dtype))
     return Selection(queries, pages.dimension, placement, reasons, images=images)

@@ -18,12 +18,13 @@ work it bounds:
 Decoding: Pillow, held to the format the media type names (a PNG sent as image/jpeg is refused,
 saying what the bytes are); truncated files refused (Pillow's LOAD_TRUNCATED_IMAGES stays off,
 so a cut file is an error, not an image filled with grey); an animation's first frame; RGB out,
-as the image processors of CLIP, SigLIP and ColPali take it.
+as the image processors of CLIP, SigLIP, ColPali and ColQwen2 take it.
 
 Preparation (ImagePreparation): the model folder's own image processor, the one
 sentence-transformers and transformers run on the same images (resize, crop, rescale, normalize),
 into pixel values; a prepared image costs a pass the positions its vision tower computes, a patch
-each.
+each. Where the processor keeps an image's own size (Qwen2-VL's, for ColQwen2), its grid of
+patches comes with them.
 
 Every failure is the item's own RequestError: the batch's other requests go on, and nothing an
 image holds can fail the worker.
@@ -220,6 +221,15 @@ class ImagePreparation:
         """(images, channels, height, width) float32, in order."""
         return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
 
+    def model_input(self, image: Image.Image) -> ModelInput:
+        """One image's model input: its pixel values, and where the processor keeps the image's own
+        size (Qwen2-VL's), its grid of patches, the pixel values then its patches'."""
+        prepared = self.processor(images=[image], return_tensors="pt")
+        if "image_grid_thw" in prepared:
+            return ModelInput((), image=prepared["pixel_values"], positions=self.positions,
+                              grid=tuple(prepared["image_grid_thw"][0].tolist()))
+        return ModelInput((), image=prepared["pixel_values"][0], positions=self.positions)
+
 
 class ImageReader:
     """The image kind of a model that reads images: an item's limits, fetching where it is a URL of
@@ -245,6 +255,5 @@ class ImageReader:
                 decoded = decode_bytes(file.data, file.media_type, param, self.limits)
             else:
                 decoded = decode_image(image, param, self.limits)
-            pixels = self.preparation.pixel_values([decoded])[0]
-            inputs.append(ModelInput((), image=pixels, positions=self.preparation.positions))
+            inputs.append(self.preparation.model_input(decoded))
         return inputs

@@ -202,20 +202,26 @@ class Towers:
 
 @dataclass(frozen=True)
 class Pages:
-    """A page retriever (ColPali; model/pages.py): a vision-language model giving a vector per
-    position of a page image (its image tokens, then the visual prompt) or of a query."""
-    architecture: str  # ColPaliForRetrieval
+    """A page retriever (ColPali, ColQwen2; model/pages.py): a vision-language model giving a
+    vector per position of a page image (its image tokens and the visual prompt) or of a query."""
+    architecture: str  # ColPaliForRetrieval, ColQwen2ForRetrieval
+    family: str  # "colpali", "colqwen2": how the processor writes a page's and a query's ids
     dimension: int  # a vector's width
-    image_tokens: int  # the positions a page image's patches take
+    image_tokens: int  # the positions a page image's patches take; where its size varies, at the pixel bound
     text_positions: int  # the language model's position table
-    visual_prompt: str  # after a page's image tokens
+    visual_prompt: str  # ColPali: after a page's image tokens; ColQwen2: the page's text, its image token in it
     query_prefix: str  # before a query's text
     image_token: str = "<image>"
+    # Patches merged into one image token along each side where a page keeps its own size
+    # (ColQwen2: Qwen2-VL's merge_size, 2x2 patches a token); 0 where every page is resized to one.
+    merge: int = 0
 
     @property
     def modules(self) -> list[str]:
-        return [f"PageEncoder(vision-language model, {self.image_tokens} image tokens a page)",
-                f"Linear(->{self.dimension})", "Normalize(per position)", "maxsim"]
+        tokens = f"image tokens by a page's size, {self.image_tokens} at its pixel bound" if self.merge else \
+            f"{self.image_tokens} image tokens a page"
+        return [f"PageEncoder(vision-language model, {tokens})", f"Linear(->{self.dimension})",
+                "Normalize(per position)", "maxsim"]
 
 
 @dataclass(frozen=True)

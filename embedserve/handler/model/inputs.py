@@ -39,6 +39,9 @@ class ModelInput:
     # (inputs/image.py), `ids` then empty; `positions`: the patches the tower computes, its length.
     image: Any = None
     positions: int = 0
+    # A page image that keeps its own size (ColQwen2): its patches (temporal, rows, columns), its
+    # pixel values then (patches, values); () for an image resized to the processor's one size.
+    grid: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         """The positions the model computes for this input: what the planner prices a pass by."""

@@ -1,26 +1,25 @@
-"""A page retriever's task (ColPali, model/pages.py): the multi-vector task's requests and answers,
-texts read as queries and images as pages.
+"""A page retriever's task (ColPali, ColQwen2; model/pages.py): the multi-vector task's requests and
+answers, texts read as queries and images as pages.
 
-- A text is a query: "<bos>" + the query prefix + the text + the query augmentation + "\\n", its
-  every position's vector answered (ColPaliProcessor.process_queries' ids). `input_type`
+- A text is a query: (ColPali: "<bos>") + the query prefix + the text + the query augmentation +
+  "\\n", its every position's vector answered (the processor's process_queries' ids). `input_type`
   "document" is refused for texts: a page retriever's documents are page images.
 - With "modality": "image", the inputs (a scoring request's documents) are page images, each a data
   URI (or an http(s) URL of an allowed host) read under the image limits, prepared by the folder's
-  image processor; a page's ids are the same for every page (its image tokens, then the visual
-  prompt), each position's vector answered.
-- MaxSim scores a query against each page (ColPaliProcessor.score_retrieval's sum of maxima).
+  image processor; a page's ids are its image tokens (as many as its size gives, ColQwen2's; the
+  same for every page, ColPali's) and the visual prompt, each position's vector answered.
+- MaxSim scores a query against each page (the processor's score_retrieval's sum of maxima).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
 
 from embedserve.handler.api.errors import unprocessable
 from embedserve.handler.inputs.image import ImageReader, check_count, read_image
 from embedserve.handler.model.description import MultiVector, Pages
 from embedserve.handler.model.inputs import ModelInput
-from embedserve.handler.model.pages import query_text
+from embedserve.handler.model.pages import PageIds, image_tokens, query_text
 from embedserve.handler.scheduling.admission import WorkBudget
 from embedserve.handler.tasks.base import Job, RequestChecks
 from embedserve.handler.tasks.multi_vector import MultiVectorRequest, MultiVectorTask
@@ -28,13 +27,13 @@ from embedserve.handler.tasks.multi_vector import MultiVectorRequest, MultiVecto
 
 class PagesTask(MultiVectorTask):
     def __init__(self, checks: RequestChecks, model: MultiVector, pages: Pages, images: ImageReader,
-                 page_ids: Sequence[int], bos: str, pad: str):
-        """`page_ids`: a page image's ids; `bos`, `pad`: the tokenizer's tokens that ColPali's
-        query template holds."""
+                 page_ids: PageIds, bos: str, pad: str):
+        """`page_ids`: a page image's ids by its image tokens; `bos`, `pad`: the tokenizer's tokens
+        that the query template holds."""
         super().__init__(checks, model, {}, checks.max_length)
         self.pages = pages
         self.images = images
-        self.page_ids = tuple(page_ids)
+        self.page_ids = page_ids
         self.bos, self.pad = bos, pad
 
     def _job(self, request: MultiVectorRequest, budget: WorkBudget | None) -> Job:
@@ -50,7 +49,8 @@ class PagesTask(MultiVectorTask):
             items = [(read_image(request.inputs[i], request.param(i)), request.param(i)) for i in pages]
             check_count([item for item, _ in items], request.field, self.images.limits)
             for i, prepared in zip(pages, self.images.model_inputs(items)):
-                inputs[i] = replace(prepared, ids=self.page_ids, positions=len(self.page_ids))
+                ids = self.page_ids(image_tokens(self.pages, prepared.grid))
+                inputs[i] = replace(prepared, ids=ids, positions=len(ids))
         queries = [i for i in range(len(request.inputs)) if i not in inputs]
         for i in queries:
             self.checks.text.chars(request.inputs[i], request.param(i))

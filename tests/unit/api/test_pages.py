@@ -1,7 +1,7 @@
-"""A page retriever served in-process (tasks/pages.py) on the tiny ColPali (tests/support/
-page_models.py): page images and queries answered as transformers' ColPaliForRetrieval embeds
-them, MaxSim scores as ColPaliProcessor.score_retrieval gives them, and bad requests refused
-alone in their batch."""
+"""A page retriever served in-process (tasks/pages.py) on the tiny ColPali and ColQwen2 (tests/
+support/page_models.py): page images and queries answered as transformers' ColPaliForRetrieval and
+ColQwen2ForRetrieval embed them, MaxSim scores as their processors' score_retrieval gives them, and
+bad requests refused alone in their batch."""
 
 from __future__ import annotations
 
@@ -18,26 +18,37 @@ from PIL import Image
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.assembly import assemble
 from embedserve.handler.settings import Settings
-from tests.support.page_models import make_colpali
+from tests.support.page_models import make_colpali, make_colqwen2
 
 QUERIES = ["two dogs", "a cat on the mat", "what is on the page"]
 
 
-@pytest.fixture(scope="module")
-def colpali(tmp_path_factory):
-    return make_colpali(tmp_path_factory.mktemp("pages-api") / "colpali")
+MAKERS = {"colpali": make_colpali, "colqwen2": make_colqwen2}
+
+
+@pytest.fixture(scope="module", params=list(MAKERS))
+def folder(request, tmp_path_factory):
+    return MAKERS[request.param](tmp_path_factory.mktemp("pages-api") / request.param)
 
 
 @pytest.fixture(scope="module")
-def service(colpali):
-    return assemble(colpali, Settings(dtype="float32"), model_name="colpali", warm=True)
+def service(folder):
+    return assemble(folder, Settings(dtype="float32"), model_name="pages", warm=True)
 
 
 @pytest.fixture(scope="module")
-def reference(colpali):
-    from transformers import ColPaliForRetrieval, ColPaliProcessor
+def reference(folder):
+    import transformers
 
-    return ColPaliProcessor.from_pretrained(colpali), ColPaliForRetrieval.from_pretrained(colpali).eval()
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    return (transformers.AutoProcessor.from_pretrained(folder),
+            getattr(transformers, architecture).from_pretrained(folder).eval())
+
+
+def embedded(model, batch) -> list[torch.Tensor]:
+    """Each row's vectors where the mask attends: ColQwen2's pages of other sizes are padded."""
+    with torch.inference_mode():
+        return [row[mask.bool()] for row, mask in zip(model(**batch).embeddings, batch["attention_mask"])]
 
 
 def page_images(count: int) -> list[Image.Image]:
@@ -57,29 +68,26 @@ def call(service, route: str, *bodies: dict) -> list[tuple[int, object]]:
     return [(answer.status, json.loads(answer.body)) for answer in answers]
 
 
-def test_page_images_and_queries_are_colpalis_vectors(service, reference):
+def test_page_images_and_queries_are_the_references_vectors(service, reference):
     processor, model = reference
     images = page_images(3)
-    queries = processor.process_queries(QUERIES)
-    with torch.inference_mode():
-        want_pages = model(**processor.process_images(images)).embeddings.numpy()
-        want_queries = [row[mask.bool()].numpy() for row, mask in
-                        zip(model(**queries).embeddings, queries["attention_mask"])]
+    want_pages = embedded(model, processor.process_images(images))
+    want_queries = embedded(model, processor.process_queries(QUERIES))
     [(status, pages), (query_status, answered)] = call(
         service, "", {"input": [data_uri(image) for image in images], "modality": "image"}, {"input": QUERIES})
     assert status == 200 and query_status == 200, (pages, answered)
-    for item, want in zip(pages["data"], want_pages, strict=True):
-        np.testing.assert_allclose(np.array(item["embedding"]), want, atol=1e-5)
-    for item, want in zip(answered["data"], want_queries, strict=True):
-        np.testing.assert_allclose(np.array(item["embedding"]), want, atol=1e-5)
+    for item, want in zip(pages["data"] + answered["data"], want_pages + want_queries, strict=True):
+        np.testing.assert_allclose(np.array(item["embedding"]), want.numpy(), atol=1e-5)
 
 
 def test_maxsim_ranks_pages_as_score_retrieval_scores_them(service, reference):
+    """score_retrieval a page at a time: over pages of several lengths it pads them with zero
+    vectors, which count where a query token's every similarity is below 0."""
     processor, model = reference
     images = page_images(4)
-    with torch.inference_mode():
-        scores = processor.score_retrieval(model(**processor.process_queries(QUERIES[:1])).embeddings,
-                                           model(**processor.process_images(images)).embeddings)[0]
+    [query] = embedded(model, processor.process_queries(QUERIES[:1]))
+    scores = torch.tensor([float(processor.score_retrieval([query], [page])[0, 0])
+                           for page in embedded(model, processor.process_images(images))])
     [(status, ranked)] = call(service, "rerank", {"query": QUERIES[0], "texts": [data_uri(image) for image in images],
                                                   "modality": "image"})
     assert status == 200, ranked
@@ -100,8 +108,8 @@ def test_a_bad_page_fails_its_request_alone_naming_the_item(service):
     assert "a page retriever's documents are page images" in document["error"]["message"]
 
 
-def test_too_many_pages_is_413_naming_the_limit(colpali):
-    service = assemble(colpali, Settings(dtype="float32", max_images_per_request=2), model_name="colpali", warm=False)
+def test_too_many_pages_is_413_naming_the_limit(folder):
+    service = assemble(folder, Settings(dtype="float32", max_images_per_request=2), model_name="pages", warm=False)
     page = data_uri(page_images(1)[0])
     [(status, answer)] = call(service, "", {"input": [page] * 3, "modality": "image"})
     assert status == 413 and "max_images_per_request=2" in answer["error"]["message"], answer
@@ -116,11 +124,13 @@ def test_its_openapi_document_is_valid_and_offers_page_images(service):
     assert request["then"]["properties"]["input"] == {"$ref": "#/components/schemas/ImageInputs"}
 
 
-def test_through_the_cache_each_page_keeps_its_own_vectors(colpali, service):
-    """Every page has the same ids: the cache keys its pixels too, so a cached page never answers
-    for another."""
-    cached = assemble(colpali, Settings(dtype="float32", cache_entries=64), model_name="colpali", warm=False)
-    uris = [data_uri(image) for image in page_images(3)]
+def test_through_the_cache_each_page_keeps_its_own_vectors(folder, service):
+    """ColPali's pages have the same ids, ColQwen2's of one size too: the cache keys their pixels
+    (and grid) as well, so a cached page never answers for another."""
+    cached = assemble(folder, Settings(dtype="float32", cache_entries=64), model_name="pages", warm=False)
+    rng = np.random.default_rng(7)
+    same_size = [Image.fromarray(rng.integers(0, 256, (60, 90, 3), dtype=np.uint8)) for _ in range(2)]
+    uris = [data_uri(image) for image in page_images(3) + same_size]
     [(_, want)] = call(service, "", {"input": uris, "modality": "image"})
     for _ in range(2):  # filled, then answered from the cache
         [(status, got)] = call(cached, "", {"input": uris, "modality": "image"})

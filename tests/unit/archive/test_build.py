@@ -297,24 +297,30 @@ def test_siglip2_naflex_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_pat
     assert "build that subfolder itself" in capsys.readouterr().err
 
 
-def test_a_colpali_folder_builds_checked_against_transformers_and_colqwen2_is_refused(tmp_path, config, capsys):
-    """A ColPali folder as transformers saves it builds, its served vectors and MaxSim scores
-    compared with ColPaliForRetrieval's by the build; a ColQwen2 config as transformers writes it
-    is refused saying why (not for a missing hidden_size: these configs nest it)."""
-    from transformers import ColQwen2Config
+def test_colpali_and_colqwen2_folders_build_checked_against_transformers(tmp_path, config, capsys):
+    """ColPali and ColQwen2 folders as transformers saves them build, their served vectors and
+    MaxSim scores compared with transformers' by the build; another page retriever's config as
+    transformers writes it (ColModernVBERT) is refused saying why (not for a missing hidden_size:
+    these configs nest it)."""
+    from transformers import ColModernVBertConfig
 
     from embedserve.handler.model.description import ModelFilesError
     from embedserve.handler.model.files import describe_model
-    from tests.support.page_models import make_colpali
+    from tests.support.page_models import make_colpali, make_colqwen2
 
     assert run_build(config, "--model", str(make_colpali(tmp_path / "colpali")), "--name", "colpali") == 0
     err = capsys.readouterr().err
     assert "a page retriever (ColPaliForRetrieval: a 16-wide vector per position" in err and "no ONNX export" in err
-    assert "transformers ColPaliForRetrieval: min cosine 1.000000" in err, err
-    ColQwen2Config(architectures=["ColQwen2ForRetrieval"]).save_pretrained(tmp_path / "colqwen2")
-    with pytest.raises(ModelFilesError, match=r"'colqwen2' \(ColQwen2ForRetrieval\) is a page retriever .* not "
-                                              r"served: ColPaliForRetrieval is"):
-        describe_model(tmp_path / "colqwen2")
+    assert "16 image tokens a page" in err and "transformers ColPaliForRetrieval: min cosine 1.000000" in err, err
+    assert run_build(config, "--model", str(make_colqwen2(tmp_path / "colqwen2")), "--name", "colqwen2") == 0
+    err = capsys.readouterr().err
+    assert "a page retriever (ColQwen2ForRetrieval: a 16-wide vector per position" in err
+    assert "image tokens by a page's size, 16 at its pixel bound" in err, err
+    assert "transformers ColQwen2ForRetrieval: min cosine 1.000000" in err, err
+    ColModernVBertConfig(architectures=["ColModernVBertForRetrieval"]).save_pretrained(tmp_path / "colmodernvbert")
+    with pytest.raises(ModelFilesError, match=r"'colmodernvbert' \(ColModernVBertForRetrieval\) is a page retriever "
+                                              r".* not served: ColPaliForRetrieval and ColQwen2ForRetrieval are"):
+        describe_model(tmp_path / "colmodernvbert")
 
 
 def test_folder_that_is_not_a_model_is_refused(tmp_path, config, capsys):
