@@ -30,14 +30,22 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from tests.support.tiny_model import _vocab
 
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 IMAGE_SIZE, PATCH_SIZE = 56, 14
 QWEN2_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                  "<|video_pad|>"]
 QWEN2_TOKEN_PIXELS = 28 * 28  # a 2 x 2 merge of 14-pixel patches
 
 
-def make_colpali(path: Path, seed: int = 0) -> Path:
+def shape(width: int, layers: int) -> dict[str, int]:
+    """A transformer's shape: `width` wide in 4 heads or more, 64 wide from a width of 256; `layers` deep."""
+    heads = max(4, width // 64)
+    return {"hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "head_dim": width // heads}
+
+
+def make_colpali(path: Path, seed: int = 0, image_size: int = IMAGE_SIZE, width: int = 32, layers: int = 2) -> Path:
+    """`image_size` px pages in 14 px patches; `width` and `layers` each model's (bench/pages.py
+    takes larger ones)."""
     from transformers import (ColPaliConfig, ColPaliForRetrieval, ColPaliProcessor, PreTrainedTokenizerFast,
                               SiglipImageProcessor)
 
@@ -47,24 +55,25 @@ def make_colpali(path: Path, seed: int = 0) -> Path:
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n|[^\s]+"), behavior="removed", invert=True)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>",
                                         pad_token="<pad>", unk_token="<unk>")
-    images = SiglipImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, resample=3)
-    images.image_seq_length = (IMAGE_SIZE // PATCH_SIZE) ** 2
+    images = SiglipImageProcessor(size={"height": image_size, "width": image_size}, resample=3)
+    images.image_seq_length = (image_size // PATCH_SIZE) ** 2
     processor = ColPaliProcessor(image_processor=images, tokenizer=tokenizer)  # adds <image> and the extra tokens
     processor.save_pretrained(path)
     vocabulary = len(tokenizer)
     config = ColPaliConfig(embedding_dim=16, vlm_config={
         "model_type": "paligemma", "image_token_index": tokenizer.convert_tokens_to_ids("<image>"),
-        "vocab_size": vocabulary, "hidden_size": 32, "projection_dim": 32,
-        "text_config": {**TINY, "num_key_value_heads": 1, "head_dim": 8, "vocab_size": vocabulary},
-        "vision_config": {**TINY, "image_size": IMAGE_SIZE, "patch_size": PATCH_SIZE, "projection_dim": 32,
-                          "num_image_tokens": images.image_seq_length}})
+        "vocab_size": vocabulary, "hidden_size": width, "projection_dim": width,
+        "text_config": {**shape(width, layers), "num_key_value_heads": 1, "vocab_size": vocabulary},
+        "vision_config": {**shape(width, layers), "image_size": image_size, "patch_size": PATCH_SIZE,
+                          "projection_dim": width, "num_image_tokens": images.image_seq_length}})
     torch.manual_seed(seed)
     ColPaliForRetrieval(config).eval().save_pretrained(path)
     return path
 
 
-def make_colqwen2(path: Path, seed: int = 0, most_tokens: int = 16) -> Path:
-    """A page retriever whose pages keep their size: `most_tokens` image tokens at most a page."""
+def make_colqwen2(path: Path, seed: int = 0, most_tokens: int = 16, width: int = 32, layers: int = 2) -> Path:
+    """A page retriever whose pages keep their size: `most_tokens` image tokens a page at the
+    processor's pixel bound; `width` and `layers` each model's (bench/pages.py takes larger ones)."""
     from transformers import (ColQwen2Config, ColQwen2ForRetrieval, ColQwen2Processor, PreTrainedTokenizerFast,
                               Qwen2VLImageProcessor)
 
@@ -80,14 +89,18 @@ def make_colqwen2(path: Path, seed: int = 0, most_tokens: int = 16) -> Path:
     ColQwen2Processor(image_processor=images, tokenizer=tokenizer).save_pretrained(path)
     token = tokenizer.convert_tokens_to_ids
     vocabulary = len(tokenizer)
+    text = shape(width, layers)
+    rotary = text.pop("head_dim") // 2  # Qwen2-VL's heads are hidden / heads wide
     config = ColQwen2Config(embedding_dim=16, vlm_config={
         "model_type": "qwen2_vl", "vocab_size": vocabulary, "image_token_id": token("<|image_pad|>"),
         "video_token_id": token("<|video_pad|>"), "vision_start_token_id": token("<|vision_start|>"),
-        "text_config": {**TINY, "model_type": "qwen2_vl_text", "num_key_value_heads": 2, "vocab_size": vocabulary,
+        "text_config": {**text, "model_type": "qwen2_vl_text", "num_key_value_heads": 2, "vocab_size": vocabulary,
                         "bos_token_id": None, "eos_token_id": token("<|endoftext|>"),
-                        "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
-        "vision_config": {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 4, "mlp_ratio": 2,
-                          "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}})
+                        # M-RoPE: half a head's rotary pairs on time, a quarter each on rows and columns
+                        "rope_scaling": {"type": "mrope", "mrope_section": [rotary // 2, rotary // 4, rotary // 4]}},
+        "vision_config": {"depth": layers, "embed_dim": width, "hidden_size": width,
+                          "num_heads": text["num_attention_heads"], "mlp_ratio": 2, "patch_size": 14,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2}})
     torch.manual_seed(seed)
     ColQwen2ForRetrieval(config).eval().save_pretrained(path)
     return path
