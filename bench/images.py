@@ -42,14 +42,13 @@ import requests
 import torch
 from PIL import Image
 
+from bench.image_corpus import IMAGES, SIZE, photographs
 from bench.load import run_load
 from bench.serving import serve_model, server_cpu_seconds
 from embedserve.handler.worker.cpu_features import describe_cpu
 from tests.support.image_models import make_clip
 
 NAME = "clip"
-IMAGES = 64
-SIZE = (640, 480)
 CLIENTS = 16
 IMAGES_PER_REQUEST = 4
 REPEATS = 2
@@ -57,22 +56,6 @@ CHECKED = 8
 SPEEDUP_GOAL = 1.3
 CAPTIONS_PER_IMAGE = 3  # the mixed load: 2 images and 6 captions a request
 MIXED_ITEMS_PER_REQUEST = 2 * (1 + CAPTIONS_PER_IMAGE)
-
-
-def photographs() -> list[bytes]:
-    """JPEG files of photograph-like content: gradients, blobs of colour, a little noise."""
-    rng = np.random.default_rng(0)
-    width, height = SIZE
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    files = []
-    for _ in range(IMAGES):
-        channels = [np.sin(x / rng.uniform(20, 200) + rng.uniform(0, 6)) * np.cos(y / rng.uniform(20, 200))
-                    for _ in range(3)]
-        pixels = (np.stack(channels, axis=2) * 100 + 128 + rng.normal(0, 6, (height, width, 3))).clip(0, 255)
-        buffer = io.BytesIO()
-        Image.fromarray(pixels.astype(np.uint8), "RGB").save(buffer, format="JPEG", quality=90)
-        files.append(buffer.getvalue())
-    return files
 
 
 def captions() -> list[str]:

@@ -39,15 +39,14 @@ from pathlib import Path
 import numpy as np
 import requests
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
+from bench.image_corpus import PAGE_SIZE, PAGES, document_pages
 from bench.load import run_load
 from bench.serving import serve_model, server_cpu_seconds
 from embedserve.handler.worker.cpu_features import describe_cpu
 from tests.support.page_models import make_colpali, make_colqwen2
 
-PAGES = 32
-SIZE = (850, 1100)
 WIDTH, LAYERS, IMAGE_TOKENS = 384, 4, 256
 BATCH = 8
 CLIENTS = 8
@@ -56,28 +55,6 @@ REPEATS = 3
 CHECKED = 4
 MODELS = {"colpali": lambda path: make_colpali(path, image_size=224, width=WIDTH, layers=LAYERS),
           "colqwen2": lambda path: make_colqwen2(path, most_tokens=IMAGE_TOKENS, width=WIDTH, layers=LAYERS)}
-
-
-def document_pages() -> list[bytes]:
-    """PNG files of text pages: lines of dark word-shaped bars on white, a heading, margins."""
-    rng = np.random.default_rng(0)
-    files = []
-    for _ in range(PAGES):
-        page = Image.new("RGB", SIZE, (255, 255, 255))
-        draw = ImageDraw.Draw(page)
-        draw.rectangle((80, 70, 80 + int(rng.integers(200, 500)), 100), fill=(20, 20, 20))
-        y = 140
-        while y < SIZE[1] - 90:
-            x = 80
-            while x < SIZE[0] - 120:
-                word = int(rng.integers(20, 90))
-                draw.rectangle((x, y, x + word, y + 10), fill=tuple(int(v) for v in rng.integers(0, 80, 3)))
-                x += word + 12
-            y += int(rng.choice([22, 22, 22, 44]))
-        buffer = io.BytesIO()
-        page.save(buffer, format="PNG")
-        files.append(buffer.getvalue())
-    return files
 
 
 def reference(model_dir: Path):
@@ -156,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     files = document_pages()
     threads = torch.get_num_threads()
     result = {"cpu": describe_cpu(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-              "pages": {"count": PAGES, "size": list(SIZE), "format": "PNG",
+              "pages": {"count": PAGES, "size": list(PAGE_SIZE), "format": "PNG",
                         "median_bytes": int(statistics.median(map(len, files)))},
               "models": {}}
     with tempfile.TemporaryDirectory(prefix="bench-pages-") as tmp:

@@ -15,13 +15,16 @@
 #   families            every tested family in fp16 eager, fp16 graphs, fp16 packed with graphs
 #                       and bf16 graphs (bench/gpu_families.py), one process per family
 #   capture-probe       what an invalidated CUDA graph capture does (bench/gpu_capture_probe.py)
+#   images              the image models (CLIP, ColPali, ColQwen2) through the handler against the
+#                       libraries on the same device: images/s, host over model, min cosine
+#                       (bench/gpu_images.py)
 #
 # It writes into OUTDIR, flat: gpu_run.log (everything printed, each step's exit status and
 # time), steps.tsv (step, exit status (124/137: its time limit), seconds), gpu.json and gpu.png
 # (gpu.png only where matplotlib is installed: else `python -m bench.gpu --replot`),
-# families.json and capture_probe.json. Each file is rewritten as its step goes, so a step cut by
-# its limit leaves what it measured. The steps share one budget: each gets at most what is left,
-# less what the steps after it are promised.
+# families.json, capture_probe.json and images.json. Each file is rewritten as its step goes, so
+# a step cut by its limit leaves what it measured. The steps share one budget: each gets at most
+# what is left, less what the steps after it are promised.
 #
 # Exit status: 0 when every step exited 0 (bench.gpu: every target got a value, met or not;
 # families: every family's every mode started and matched its reference); else 1, the failed
@@ -60,6 +63,7 @@ FAMILY_MODELS=${GPU_RUN_FAMILY_MODELS-$([[ -d build/gpu/families ]] && echo buil
 # What each later step is promised of the budget when an earlier one takes its limit.
 FAMILIES_RESERVE=90
 PROBE_RESERVE=40
+IMAGES_RESERVE=60
 # The model is carried, never downloaded: hub lookups off (a machine without network would
 # otherwise wait on them). The tokenizer's threads are left as a served worker has them: the
 # handler turns the pool on for a GPU worker (bench.gpu records what ran).
@@ -131,7 +135,7 @@ for name in ("torch", "transformers", "sentence_transformers", "tokenizers", "sa
 print(f"python {platform.python_version()}", *(f"{k} {v}" for k, v in versions.items()), sep="\n  ")
 try:
     import embedserve.handler.assembly  # the handler's own imports
-    import bench.gpu.__main__, bench.gpu_families, bench.gpu_capture_probe  # and the steps'
+    import bench.gpu.__main__, bench.gpu_families, bench.gpu_capture_probe, bench.gpu_images  # and the steps'
 except Exception as err:
     missing.append(f"the handler's or the benchmark's imports ({type(err).__name__}: {err})")
 import torch
@@ -247,17 +251,20 @@ main() {
     local args=(--out "$OUT" --device "$DEVICE")
     [[ $MODEL != none ]] && args+=(--model "$MODEL")
     # shellcheck disable=SC2086  # BENCH_GPU_ARGS is a list of arguments
-    step bench.gpu "$(left $((FAMILIES_RESERVE + PROBE_RESERVE)))" "$PY" -m bench.gpu "${args[@]}" ${BENCH_GPU_ARGS:-}
+    step bench.gpu "$(left $((FAMILIES_RESERVE + PROBE_RESERVE + IMAGES_RESERVE)))" "$PY" -m bench.gpu "${args[@]}" \
+        ${BENCH_GPU_ARGS:-}
     summary
 
     local limit
-    limit=$(left "$PROBE_RESERVE")
+    limit=$(left $((PROBE_RESERVE + IMAGES_RESERVE)))
     ((limit > FAMILY_SECONDS)) && limit=$FAMILY_SECONDS
     mkdir -p "$SCRATCH/families"
     # A function of this shell: each family's process has its own limit within this one.
     skip_if_short families "$limit" && here families "$limit" families "$SCRATCH/families" "$limit"
 
-    step capture-probe "$(left 5)" "$PY" -m bench.gpu_capture_probe --out "$OUT" --device "$DEVICE"
+    step capture-probe "$(left "$IMAGES_RESERVE")" "$PY" -m bench.gpu_capture_probe --out "$OUT" --device "$DEVICE"
+
+    step images "$(left 5)" "$PY" -m bench.gpu_images --out "$OUT" --device "$DEVICE"
 
     echo "== gpu_run done in $(elapsed)s of ${BUDGET}s; in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
     if ((${#FAILED[@]})); then

@@ -37,13 +37,13 @@ def test_every_step_runs_and_leaves_its_file(run):
     log = (out / "gpu_run.log").read_text()
     # A failed section and a family that cannot start: the run says so in its status and its log.
     assert done.returncode == 1, done.stdout[-4000:]
-    for name in ("gpu_run.log", "steps.tsv", "capture_probe.json", "families.json", "gpu.json"):
+    for name in ("gpu_run.log", "steps.tsv", "capture_probe.json", "families.json", "gpu.json", "images.json"):
         assert (out / name).stat().st_size > 0, name
     assert "== steps that did not succeed: bench.gpu (exit 1) families (exit 1)" in log
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     # The headline first; one family cannot start (no_such_family): the next step runs all the same.
     assert [(name, rc) for name, rc, _ in steps] == [("prerequisites", "0"), ("bench.gpu", "1"), ("families", "1"),
-                                                     ("capture-probe", "0")]
+                                                     ("capture-probe", "0"), ("images", "0")]
     assert sum(int(seconds) for *_, seconds in steps) <= 400  # within the shared budget
 
 
@@ -95,6 +95,21 @@ def test_probe_in_cpu_mode(run):
     assert probe["device"] == "cpu" and probe["raw"] == {"skipped": "no CUDA device"}
     sync = probe["sync_check"]
     assert sync["exit_code"] == 0 and sync["quiet_pass"] is None and "_local_scalar_dense" in sync["reading_pass"], sync
+
+
+def test_images_in_cpu_mode_match_the_libraries(run):
+    """The image step on the tiny CLIP, ColPali and ColQwen2: every request answered, the vectors
+    the libraries' (sentence-transformers' encode; transformers' processor and model), and each
+    figure there."""
+    images = json.loads((run[0] / "images.json").read_text())
+    assert images["complete"] and images["device"] == "cpu" and "errors" not in images, images.get("errors")
+    assert set(images["models"]) == {"clip", "colpali", "colqwen2"}
+    for name, row in images["models"].items():
+        handler = row["handler"]
+        assert set(handler["statuses"]) == {"200"} and handler["dtype"] == "float32", (name, handler)
+        assert handler["images_per_s"] > 0 and handler["host_over_model"] > 0 and row["reference"]["images_per_s"] > 0
+        assert {"parse", "tokenize", "model", "encode"} <= set(handler["ms_per_batch"]), handler
+        assert row["min_cosine_to_float32"] >= 0.99999, (name, row)
 
 
 def test_a_missing_prerequisite_is_named_and_nothing_else_runs(tmp_path):
