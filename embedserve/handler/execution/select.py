@@ -264,8 +264,9 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
 
 
 def _pages(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
-    """A page retriever's one model: queries in padded passes, page images stacked, both through
-    transformers' own forward on torch, eagerly (model/pages.py)."""
+    """A page retriever's one model: queries in padded passes, page images stacked (padded where
+    their sizes vary, backends/pages.py), both through transformers' own forward on torch, eagerly
+    (model/pages.py)."""
     pages = parts.pages
     placement = _eager_padded(settings, placement, f"{pages.architecture} runs on the torch engine")
     encoder = PageEncoder(load_pages_model(model_dir, pages.architecture, device=placement.device,

@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 from PIL import Image, UnidentifiedImageError
 
 from embedserve.handler.api.codec import json_type, short
@@ -216,10 +215,6 @@ class ImagePreparation:
 
         self.processor = AutoImageProcessor.from_pretrained(model_dir)
         self.positions = positions
-
-    def pixel_values(self, images: Sequence[Image.Image]) -> torch.Tensor:
-        """(images, channels, height, width) float32, in order."""
-        return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
 
     def model_input(self, image: Image.Image) -> ModelInput:
         """One image's model input: its pixel values, and where the processor keeps the image's own

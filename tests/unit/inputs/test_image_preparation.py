@@ -33,7 +33,7 @@ def test_data_uris_give_the_vectors_sentence_transformers_gives_their_images(cli
     decoded = [decode_image(read_image(uri, f"input[{i}]"), f"input[{i}]", ImageLimits())
                for i, uri in enumerate(uris)]
     preparation = ImagePreparation(clip_dir, describe_model(clip_dir).towers.image_positions)
-    pixels = preparation.pixel_values(decoded)
+    pixels = torch.stack([preparation.model_input(image).image for image in decoded])
     assert pixels.shape == (3, 3, 224, 224) and pixels.dtype == torch.float32
     assert preparation.positions == 49  # (224 / 32) ** 2 patches
 
