@@ -39,6 +39,7 @@ import torch
 from PIL import Image
 
 from bench.gpu.common import progress
+from bench.gpu.correctness import compare
 from bench.image_corpus import document_pages, photographs
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.assembly import assemble
@@ -65,9 +66,9 @@ def data_uri(data: bytes) -> str:
     return f"data:image/{kind};base64," + base64.b64encode(data).decode()
 
 
-def served(model_dir: Path, name: str, files: list[bytes], device: str) -> tuple[dict, list[np.ndarray]]:
+def served(model_dir: Path, name: str, files: list[bytes], device: str) -> tuple[dict, list[list[float]]]:
     """The handler's `handle` on TorchServe batches of image requests: figures, and the vectors of
-    the first batch's images (each (positions, dimension))."""
+    the first batch's images, as answered (each a flat list of its positions' vectors)."""
     engine = assemble(model_dir, Settings.from_mapping({"device": device}), model_name=name,
                       cuda_available=torch.cuda.is_available(), warm=True)
     per = IMAGES_PER_REQUEST[name]
@@ -75,8 +76,7 @@ def served(model_dir: Path, name: str, files: list[bytes], device: str) -> tuple
               for i in range(0, len(files) - per + 1, per)]
     requests = [RawRequest(bytearray(json.dumps(body).encode()), "application/json", "") for body in bodies]
     first, _ = engine.handle_with_report(requests[:BATCH])  # warm up, and the vectors checked
-    vectors = [np.asarray(item["embedding"], dtype=np.float64).reshape(-1, engine.encoder.dimension)
-               for answer in first for item in json.loads(answer.body)["data"]]
+    vectors = [item["embedding"] for answer in first for item in json.loads(answer.body)["data"]]
     stages: dict[str, float] = {}
     statuses: dict[int, int] = {}
     wall, batches = 0.0, 0
@@ -154,15 +154,14 @@ def pages_reference(model_dir: Path, files: list[bytes], device: str, checked: i
             "dtype": "float16" if device == "cuda" else "float32"}, want
 
 
-def least_cosine(got: list[np.ndarray], want: list[np.ndarray]) -> float:
-    least = 1.0
-    for ours, theirs in zip(got, want, strict=True):
-        if ours.shape != theirs.shape:
-            return 0.0
-        cosines = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1).clip(1e-12) \
-            / np.linalg.norm(theirs, axis=1).clip(1e-12)
-        least = min(least, float(cosines.min()))
-    return round(least, 6)
+def least_cosine(got: list, want: list[np.ndarray]) -> float:
+    """The least cosine over every vector of every item (each (positions, dimension); a served
+    item's flat list is shaped as its reference's): 0.0 where an item's count of vectors differs."""
+    ours = [np.asarray(item, dtype=np.float64).reshape(-1, theirs.shape[1])
+            for item, theirs in zip(got, want, strict=True)]
+    if any(a.shape != b.shape for a, b in zip(ours, want)):
+        return 0.0
+    return compare(np.concatenate(ours), np.concatenate(want))["min_cosine"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ from PIL import Image
 
 from bench.image_corpus import IMAGES, SIZE, photographs
 from bench.load import run_load
-from bench.serving import serve_model, server_cpu_seconds
+from bench.serving import measured_runs, median_run, serve_model
 from embedserve.handler.worker.cpu_features import describe_cpu
 from tests.support.image_models import make_clip
 
@@ -101,27 +101,16 @@ def served(model_dir: Path, files: list[bytes], texts: list[str], seconds: float
         url = f"{server.url('inference')}/predictions/{NAME}/1.0/v1/embeddings"
         info = requests.get(f"{server.url('inference')}/predictions/{NAME}/1.0/info", headers=server.auth(),
                             timeout=60).json()
-        body = lambda batch: {"input": batch, "modality": "image"}  # noqa: E731
-        positions = [49] * len(uris)
-        run_load(url, server.auth(), uris, positions, concurrency=CLIENTS, texts_per_request=IMAGES_PER_REQUEST,
-                 seconds=5.0, body=body)  # warm
-        runs = []
-        for _ in range(REPEATS):
-            cpu_before = sum(server_cpu_seconds(server))  # frontend and workers
-            load = run_load(url, server.auth(), uris, positions, concurrency=CLIENTS,
-                            texts_per_request=IMAGES_PER_REQUEST, seconds=seconds, body=body)
-            result = load.summary()
-            result["server_cpu_ms_per_image"] = round(
-                (sum(server_cpu_seconds(server)) - cpu_before) * 1e3 / max(1, load.texts), 2)
-            runs.append(result)
+        runs = measured_runs(server, url, uris, [49] * len(uris), clients=CLIENTS, per_request=IMAGES_PER_REQUEST,
+                             seconds=seconds, repeats=REPEATS, body=lambda batch: {"input": batch, "modality": "image"})
         vectors = requests.post(url, headers=server.auth(), timeout=300,
                                 json={"input": uris[:CHECKED], "modality": "image"}).json()["data"]
         items = mixed_items(uris, texts)
         mixed = run_load(url, server.auth(), items, [1] * len(items), concurrency=CLIENTS,
                          texts_per_request=MIXED_ITEMS_PER_REQUEST, seconds=seconds).summary()
-    median = sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2]
+    median = median_run(runs)
     return {"images_per_s": median["texts_per_s"], "p50_ms": median["p50_ms"], "p99_ms": median["p99_ms"],
-            "errors": median["errors"], "server_cpu_ms_per_image": median["server_cpu_ms_per_image"],
+            "errors": median["errors"], "server_cpu_ms_per_image": round(median["server_cpu_ms_per_item"], 2),
             "runs": [run["texts_per_s"] for run in runs], "clients": CLIENTS,
             "images_per_request": IMAGES_PER_REQUEST, "vectors": [row["embedding"] for row in vectors],
             "image_engine": info.get("image_engine"),

@@ -41,9 +41,9 @@ import requests
 import torch
 from PIL import Image
 
+from bench.gpu_images import least_cosine
 from bench.image_corpus import PAGE_SIZE, PAGES, document_pages
-from bench.load import run_load
-from bench.serving import serve_model, server_cpu_seconds
+from bench.serving import measured_runs, median_run, serve_model
 from embedserve.handler.worker.cpu_features import describe_cpu
 from tests.support.page_models import make_colpali, make_colqwen2
 
@@ -93,36 +93,17 @@ def served(model_dir: Path, name: str, files: list[bytes], seconds: float) -> di
     with serve_model(model_dir, name, f"the {name} archive") as server:
         url = f"{server.url('inference')}/predictions/{name}"
         info = requests.get(f"{url}/1.0/info", headers=server.auth(), timeout=60).json()
-        body = lambda batch: {"input": batch, "modality": "image"}  # noqa: E731
-        positions = [IMAGE_TOKENS] * len(uris)
-        run_load(url, server.auth(), uris, positions, concurrency=CLIENTS, texts_per_request=PAGES_PER_REQUEST,
-                 seconds=5.0, body=body)  # warm
-        runs = []
-        for _ in range(REPEATS):
-            cpu_before = sum(server_cpu_seconds(server))  # frontend and workers
-            load = run_load(url, server.auth(), uris, positions, concurrency=CLIENTS,
-                            texts_per_request=PAGES_PER_REQUEST, seconds=seconds, body=body)
-            result = load.summary()
-            result["server_cpu_ms_per_page"] = round(
-                (sum(server_cpu_seconds(server)) - cpu_before) * 1e3 / max(1, load.texts), 1)
-            runs.append(result)
+        runs = measured_runs(server, url, uris, [IMAGE_TOKENS] * len(uris), clients=CLIENTS,
+                             per_request=PAGES_PER_REQUEST, seconds=seconds, repeats=REPEATS,
+                             body=lambda batch: {"input": batch, "modality": "image"})
         answer = requests.post(url, headers=server.auth(), timeout=300,
                                json={"input": uris[:CHECKED], "modality": "image"}).json()["data"]
-    median = sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2]
+    median = median_run(runs)
     return {"pages_per_s": median["texts_per_s"], "p50_ms": median["p50_ms"], "p99_ms": median["p99_ms"],
-            "errors": median["errors"], "server_cpu_ms_per_page": median["server_cpu_ms_per_page"],
+            "errors": median["errors"], "server_cpu_ms_per_page": round(median["server_cpu_ms_per_item"], 1),
             "runs": [run["texts_per_s"] for run in runs], "clients": CLIENTS, "pages_per_request": PAGES_PER_REQUEST,
             "workers": info.get("workers"), "engine": info.get("engine"),
             "vectors": [row["embedding"] for row in answer]}
-
-
-def least_cosine(want: list[np.ndarray], got: list[list]) -> float:
-    least = 1.0
-    for expected, vectors in zip(want, got, strict=True):
-        ours = np.asarray(vectors, dtype=np.float64).reshape(expected.shape)
-        cosines = (ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)
-        least = min(least, float(cosines.min()))
-    return least
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             reference_run = in_process(model_dir, files, threads)
             print(json.dumps({name: {"in_process": reference_run}}), file=sys.stderr, flush=True)
             serving = served(model_dir, name, files, args.seconds)
-            cosine = least_cosine(embed(*reference(model_dir), files[:CHECKED]), serving.pop("vectors"))
+            cosine = least_cosine(serving.pop("vectors"), embed(*reference(model_dir), files[:CHECKED]))
             result["models"][name] = {
                 "model": f"{name}'s architecture at {WIDTH} wide, {LAYERS} layers each, random weights",
                 "image_tokens": IMAGE_TOKENS, "in_process": reference_run, "served": serving,
-                "least_cosine": round(cosine, 7),
+                "least_cosine": cosine,
                 "served_over_in_process": round(serving["pages_per_s"] / reference_run["pages_per_s"], 3)}
     print(json.dumps(result, indent=2))
     if args.out:

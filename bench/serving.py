@@ -12,7 +12,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from embedserve.archive.build import main as build_main
 from bench.load import WARMUP_SECONDS, run_load, warm_up
@@ -34,6 +34,28 @@ def server_cpu_seconds(server: TorchServe, workers: list[int] | None = None) -> 
     frontend = psutil.Process(server.pid())
     processes = frontend.children(recursive=True) if workers is None else [psutil.Process(pid) for pid in workers]
     return sum(frontend.cpu_times()[:2]), sum(sum(process.cpu_times()[:2]) for process in processes)
+
+
+def measured_runs(server: TorchServe, url: str, items: Sequence[Any], token_counts: Sequence[int], *, clients: int,
+                  per_request: int, seconds: float, repeats: int, body: Callable[[list], Any]) -> list[dict]:
+    """A 5 s warm-up, then `repeats` runs of the load, each run's summary with
+    `server_cpu_ms_per_item`: the CPU of TorchServe's frontend and workers over the items sent."""
+    run_load(url, server.auth(), items, token_counts, concurrency=clients, texts_per_request=per_request,
+             seconds=5.0, body=body)  # warm
+    runs = []
+    for _ in range(repeats):
+        cpu_before = sum(server_cpu_seconds(server))
+        load = run_load(url, server.auth(), items, token_counts, concurrency=clients, texts_per_request=per_request,
+                        seconds=seconds, body=body)
+        result = load.summary()
+        result["server_cpu_ms_per_item"] = (sum(server_cpu_seconds(server)) - cpu_before) * 1e3 / max(1, load.texts)
+        runs.append(result)
+    return runs
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of median throughput."""
+    return sorted(runs, key=lambda run: run["texts_per_s"])[len(runs) // 2]
 
 
 @contextmanager
