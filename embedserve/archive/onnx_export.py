@@ -136,22 +136,25 @@ def export_towers_onnx(model_dir: Path, text_length: int | None) -> str:
                                           use_safetensors=True).eval()
     except (ValueError, ImportError, OSError) as err:
         return f"not exported (the model does not load with eager attention: {err}); served by torch"
-    size = int(model.config.vision_config.image_size)
-    pixels = torch.randn((3, 3, size, size), generator=torch.Generator().manual_seed(0))
+    size = getattr(model.config.vision_config, "image_size", None)  # none: SigLIP 2 NaFlex, any shape
+    pixels = torch.randn((3, 3, size or 1, size or 1), generator=torch.Generator().manual_seed(0))
     hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer = TextTokenizer(model_dir, hf_tokenizer=hf_tokenizer)
-    feed = TextFeed(text_length, tokenizer.pad_id, tokenizer.gives_attention_mask)
+    feed = TextFeed(text_length, tokenizer.pad_id, tokenizer.gives_attention_mask, tokenizer.pads_left)
     encoded = hf_tokenizer(list(TOWER_PROBE_TEXTS), padding=True, truncation=True, return_tensors="pt",
                            max_length=int(model.config.text_config.max_position_embeddings))
     ids = encoded["input_ids"]
     mask = encoded.get("attention_mask", torch.ones_like(ids))
     # The references come first: tracing leaves the model object altered.
     with torch.inference_mode():
-        expected_images = ImageTower(model)(pixels)
+        expected_images = ImageTower(model)(pixels) if size else None
         expected_texts = TextTower(model, feed)(ids, mask)
-    vision = _export_tower(_ImageFeatures(model), (pixels[:2],), ["pixel_values"], "image_embeds",
-                           model_dir / VISION_ONNX_FILE,
-                           lambda path: OnnxImageTower(path, threads=1)(pixels), expected_images)
+    if size:
+        vision = _export_tower(_ImageFeatures(model), (pixels[:2],), ["pixel_values"], "image_embeds",
+                               model_dir / VISION_ONNX_FILE,
+                               lambda path: OnnxImageTower(path, threads=1)(pixels), expected_images)
+    else:  # the tower resizes its position table to each image's grid, in Python, at run time
+        vision = "not exported (a variable-resolution tower: each image's grid of patches is its own), run by torch"
     text = _export_tower(_TextFeatures(model), feed.graph_inputs(ids[:2], mask[:2]),
                          ["input_ids", "attention_mask"], "text_embeds", model_dir / TEXT_TOWER_ONNX_FILE,
                          lambda path: OnnxTextTower(path, threads=1, feed=feed)(ids, mask), expected_texts)

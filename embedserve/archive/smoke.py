@@ -369,17 +369,35 @@ def _sample_images() -> tuple[list, list[str]]:
 
 def _compare_images(engine, model_dir: Path) -> str:
     """An image-text model's image vectors, served from PNG data URIs, against sentence-transformers'
-    `encode` of the same images."""
-    from sentence_transformers import SentenceTransformer
-
+    `encode` of the same images; a SigLIP 2 NaFlex model's against transformers' own image processor
+    and `get_image_features` (sentence-transformers 5 resizes to its processor's default patch
+    count, not the folder's `max_num_patches`)."""
     images, uris = _sample_images()
-    want = SentenceTransformer(str(model_dir), **_reference_options()).encode(images, convert_to_numpy=True)
+    if json.loads((model_dir / "config.json").read_text()).get("model_type") == "siglip2":
+        reference, want = "transformers Siglip2Model", _transformers_image_features(model_dir, images)
+    else:
+        from sentence_transformers import SentenceTransformer
+
+        reference = "sentence-transformers"
+        want = SentenceTransformer(str(model_dir), **_reference_options()).encode(images, convert_to_numpy=True)
     got = _served(engine, {"input": uris, "modality": "image"})
     worst = float(((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min())
     if not worst >= MIN_COSINE:
-        raise SmokeError(f"the served image vectors differ from sentence-transformers' (min cosine {worst:.6f} < "
+        raise SmokeError(f"the served image vectors differ from {reference}'s (min cosine {worst:.6f} < "
                          f"{MIN_COSINE}); refusing to build a model that would be served wrong")
-    return f"sentence-transformers, images: min cosine {worst:.6f} over {len(images)} images"
+    return f"{reference}, images: min cosine {worst:.6f} over {len(images)} images"
+
+
+def _transformers_image_features(model_dir: Path, images: list) -> np.ndarray:
+    """transformers' own image features of the images, one at a time, by the folder's processor, in float32."""
+    import torch
+    from transformers import AutoImageProcessor, AutoModel
+
+    processor = AutoImageProcessor.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        features = [model.get_image_features(**processor(images=[image], return_tensors="pt")) for image in images]
+    return np.concatenate([(out if isinstance(out, torch.Tensor) else out.pooler_output).numpy() for out in features])
 
 
 def _served(engine, body: dict[str, Any]) -> np.ndarray:

@@ -127,6 +127,7 @@ def load(model_dir: str | Path, settings: Settings, placement: Placement, model_
         towers=model.towers,
         pages=model.pages,
         attention_mask=tokenizer.gives_attention_mask,
+        pads_left=tokenizer.pads_left,
     )
     # bge-m3's sparse weights leave out the tokenizer's cls, eos, pad and unk tokens, as FlagEmbedding does.
     unused = frozenset(tokenizer.role_ids[role] for role in ("cls", "eos", "pad", "unk") if role in tokenizer.role_ids)

@@ -18,7 +18,7 @@ import requests
 from PIL import Image
 
 from embedserve.archive.bf16_check import BF16_MIN_COSINE
-from tests.support.catalog import IMAGE_TEXT, SIGLIP
+from tests.support.catalog import IMAGE_TEXT, NAFLEX, SIGLIP
 from tests.support.client import worker_identities
 from tests.support.image_host import image_host
 from tests.support.images import data_uri, image_file, photo, png_of_zeros
@@ -117,6 +117,38 @@ def test_siglip_texts_are_its_model_card_s_vectors_whatever_their_batch(catalog,
                         timeout=60).json()
     assert info["modalities"] == ["text", "image"] and info["embedding_dimension"] == 32
     assert info["engine"] == "onnxruntime" and info["image_engine"] in ("onnxruntime", "openvino bfloat16")
+
+
+def test_siglip2_naflex_images_keep_their_shape_and_texts_are_transformers_vectors(catalog, catalog_models):
+    """SigLIP 2's variable-resolution model, built as a user builds its folder: images of three
+    aspect ratios in one request, each transformers' get_image_features of that image alone by the
+    folder's processor; texts transformers' get_text_features as its Siglip2Tokenizer gives them
+    (lowercased, padded to 64 on the left)."""
+    import torch
+    from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+
+    folder = catalog_models[NAFLEX]
+    model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    processor, tokenizer = AutoImageProcessor.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    images = [photo(600, 90), photo(64, 96).convert("L"), photo(300, 300)]
+    texts = ["A Red Cat on a Mat", "two dogs"]
+    with torch.no_grad():
+        want_images = torch.cat([model.get_image_features(**processor(images=[image.convert("RGB")],
+                                                                      return_tensors="pt")).pooler_output
+                                 for image in images]).numpy()
+        want_texts = model.get_text_features(**tokenizer(texts, padding="max_length", max_length=64,
+                                                         return_tensors="pt")).pooler_output.numpy()
+    answer = post(catalog, {"input": [data_uri(image_file(image, "PNG")) for image in images], "modality": "image"},
+                  model=NAFLEX)
+    assert answer.status_code == 200, answer.text
+    assert cosines([row["embedding"] for row in answer.json()["data"]], want_images).min() >= MIN_COSINE
+    answer = post(catalog, {"input": texts}, model=NAFLEX)
+    assert answer.status_code == 200, answer.text
+    assert cosines([row["embedding"] for row in answer.json()["data"]], want_texts).min() >= MIN_COSINE
+    info = requests.get(f"{catalog.url('inference')}/predictions/{NAFLEX}/1.0/info", headers=catalog.auth(),
+                        timeout=60).json()
+    assert info["modalities"] == ["text", "image"] and info["image_engine"] == "torch", info
+    assert "up to 256 patches" in str(info["modules"]), info
 
 
 def test_the_openai_client_sends_images_as_infinity_s_clients_do(catalog, reference):

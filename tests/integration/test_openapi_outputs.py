@@ -1,7 +1,7 @@
 """The new outputs' OpenAPI documents fuzzed against the live server, as tests/integration/
 test_openapi.py fuzzes the embedding and scoring models' (same configuration, every check on but
 the three TorchServe's design fails): a sparse (SPLADE) model, a hybrid (bge-m3) model, a
-multi-vector (ColBERT) model, an image-text (CLIP) model and page retrievers (ColPali, ColQwen2), each its own document and operations. No 5xx, every answer as its
+multi-vector (ColBERT) model, image-text models (CLIP, SigLIP 2 NaFlex) and page retrievers (ColPali, ColQwen2), each its own document and operations. No 5xx, every answer as its
 document says, and the same worker at the end."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ pytestmark = pytest.mark.integration
 
 OPERATIONS = {"splade": ("", "v1/embeddings", "embed_sparse"), "m3": ("", "v1/embeddings", "embed", "embed_sparse"),
               "colbert": ("", "v1/embeddings", "embed_all", "rerank", "v1/rerank", "v2/rerank"),
-              "clip": ("", "v1/embeddings", "v2/embed"), "colpali": ("", "rerank"),
-              "colqwen2": ("", "rerank")}
+              "clip": ("", "v1/embeddings", "v2/embed"), "siglip2": ("", "v1/embeddings"),
+              "colpali": ("", "rerank"), "colqwen2": ("", "rerank")}
 # The operations fuzzed of a model whose others are a text model's, fuzzed in test_openapi.py: the
-# CLIP's routes that take images (its TEI routes take texts, as every embedding model's do); the
-# page retrievers' routes that take page images (their others are the ColBERT's).
-ONLY = {"clip": OPERATIONS["clip"], "colpali": OPERATIONS["colpali"], "colqwen2": OPERATIONS["colqwen2"]}
+# image-text models' routes that take images (their TEI routes take texts, as every embedding model's
+# do); the page retrievers' routes that take page images (their others are the ColBERT's).
+ONLY = {name: OPERATIONS[name] for name in ("clip", "siglip2", "colpali", "colqwen2")}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The session's catalog: the tiny sparse (SPLADE), hybrid (bge-m3), multi-vector (ColBERT),
-image-text (CLIP, SigLIP) and page retriever (ColPali, ColQwen2) models, served by one real TorchServe built as a user builds them (the model and its name, one
+image-text (CLIP, SigLIP, SigLIP 2 NaFlex) and page retriever (ColPali, ColQwen2) models, served by one real TorchServe built as a user builds them (the model and its name, one
 worker each). The served tests of those outputs and their OpenAPI fuzzing share it
 (tests/conftest.py): a server of its own only where a test needs a server-wide property."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.image_models import make_clip, make_siglip
+from tests.support.image_models import make_clip, make_siglip, make_siglip2
 from tests.support.m3_models import make_m3
 from tests.support.multi_vector_models import make_colbert
 from tests.support.page_models import make_colpali, make_colqwen2
@@ -20,6 +20,7 @@ HYBRID = "m3"
 MULTI_VECTOR = "colbert"
 IMAGE_TEXT = "clip"
 SIGLIP = "siglip"
+NAFLEX = "siglip2"  # SigLIP 2's variable-resolution model: an image keeps its aspect ratio
 PAGES = "colpali"
 PAGES_BY_SIZE = "colqwen2"  # a page retriever whose pages keep their own sizes
 
@@ -33,6 +34,7 @@ def make_catalog_models(root: Path) -> dict[str, Path]:
     models[MULTI_VECTOR] = make_colbert(root / "colbert")
     models[IMAGE_TEXT] = make_clip(root / "clip")
     models[SIGLIP] = make_siglip(root / "siglip")
+    models[NAFLEX] = make_siglip2(root / "siglip2")
     models[PAGES] = make_colpali(root / "colpali")
     models[PAGES_BY_SIZE] = make_colqwen2(root / "colqwen2")
     return models

@@ -13,6 +13,12 @@ architecture (its published files were not found): 64 text positions, every text
 224-pixel images in 16-pixel patches, an attention-pooling head on the vision tower; the towers
 shrunk as CLIP's, the image processor SiglipImageProcessor's defaults (224 x 224, no crop, mean and
 std 0.5), the same tiny WordPiece vocabulary.
+
+A SigLIP 2 NaFlex model (Siglip2Model) from transformers' Siglip2Config, whose defaults are
+google/siglip2-base-patch16-naflex's architecture (its published files were not found): 64 text
+positions, 16-pixel patches, a 16 x 16 position table resized to each image's grid, the towers
+shrunk as CLIP's; its image processor Siglip2ImageProcessor's defaults (max_num_patches 256, the
+published models' value, mean and std 0.5), or `max_num_patches` where a test sets another.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import shutil
 from pathlib import Path
 
 import torch
-from transformers import BertTokenizerFast, CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
+from transformers import BertTokenizerFast, CLIPConfig, CLIPModel, Siglip2Config, Siglip2Model, SiglipConfig, \
+    SiglipModel
 
 from tests.support import REPO
 from tests.support.tiny_model import _vocab
@@ -68,4 +75,21 @@ def make_siglip(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     SiglipModel(config).eval().save_pretrained(path)
     SiglipImageProcessor().save_pretrained(path)
+    return path
+
+
+def make_siglip2(path: Path, seed: int = 0, max_num_patches: int = 256) -> Path:
+    """A plain transformers Siglip2Model folder (SigLIP 2 NaFlex: an image keeps its aspect ratio)
+    into one 32-wide space."""
+    from transformers import Siglip2ImageProcessor  # imported here: importing it warns where torchvision is absent
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "vocab.txt").write_text("\n".join(_vocab()) + "\n")
+    BertTokenizerFast.from_pretrained(path, model_max_length=64).save_pretrained(path)
+    tower = {key: value for key, value in TINY_TOWER.items() if key != "projection_dim"}
+    ids = {"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}
+    config = Siglip2Config(text_config={**tower, **ids, "vocab_size": len(_vocab()), "max_position_embeddings": 64},
+                           vision_config=tower)
+    torch.manual_seed(seed)
+    Siglip2Model(config).eval().save_pretrained(path)
+    Siglip2ImageProcessor(max_num_patches=max_num_patches).save_pretrained(path)
     return path

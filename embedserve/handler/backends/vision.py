@@ -4,7 +4,8 @@ export on a CPU, in float32 on ONNX Runtime (backends/onnx_runtime.py) or in bfl
 
 Every image is prepared to the same size (inputs/image.py), so a pass is a stack of pixel values
 and costs the same positions an image: the planner cuts passes by count and the token budget
-alone, never by padding (there is none).
+alone, never by padding. A SigLIP 2 NaFlex image keeps its aspect ratio, and its processor pads
+its patches to one count: a pass stacks those, with each image's grid (model/towers.py).
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from embedserve.handler.scheduling.planner import plan_sub_batches
 
 
 class ImageInputs(NamedTuple):
-    pixels: torch.Tensor  # (rows, channels, height, width) on the backend's device, in its dtype
+    pixels: torch.Tensor  # (rows, channels, height, width), NaFlex's (rows, patches, values); the backend's device and dtype
     positions: int  # the patches each image costs
+    grids: torch.Tensor | None = None  # NaFlex: (rows, 2) each image's grid of real patches
 
 
 class VisionBackend:
     def __init__(self, tower: ImageTower | OnnxImageTower | OpenVinoImageTower, *, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, own_grid: bool = False):
+        """`own_grid`: images keep their aspect ratio (SigLIP 2 NaFlex), their patches padded to one count."""
         self.tower = tower
+        self.own_grid = own_grid
         self.dtype = dtype
         self.device = device
 
@@ -38,10 +42,12 @@ class VisionBackend:
 
     def prepare(self, rows: Sequence[ModelInput]) -> ImageInputs:
         pixels = torch.stack([row.image for row in rows]).to(self.device, self.dtype, non_blocking=True)
-        return ImageInputs(pixels, rows[0].positions)
+        grids = torch.tensor([row.grid for row in rows], device=self.device) if rows[0].grid else None
+        return ImageInputs(pixels, rows[0].positions, grids)
 
     def run(self, inputs: ImageInputs, *, eager: bool = False) -> torch.Tensor:
-        return self.tower(inputs.pixels).to(torch.float32)
+        features = self.tower(inputs.pixels) if inputs.grids is None else self.tower(inputs.pixels, inputs.grids)
+        return features.to(torch.float32)
 
     def computed_tokens(self, inputs: ImageInputs) -> int:
         return inputs.pixels.shape[0] * inputs.positions
@@ -55,4 +61,6 @@ class VisionBackend:
         dtype = getattr(self.tower, "dtype", self.dtype)
         engine = self.tower.engine if dtype == self.dtype else \
             f"{self.tower.engine} {str(dtype).removeprefix('torch.')}"
-        return {"engine": engine, "layout": "images stacked, one size", "cuda_graphs": 0}
+        layout = "images stacked, each its own grid of patches padded to one count" if self.own_grid else \
+            "images stacked, one size"
+        return {"engine": engine, "layout": layout, "cuda_graphs": 0}

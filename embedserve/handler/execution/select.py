@@ -79,6 +79,7 @@ class ModelParts:
     towers: Towers | None = None  # an image-text model: texts and images through their own towers
     pages: Pages | None = None  # a page retriever: queries and page images through one model
     attention_mask: bool = True  # the tokenizer gives the model one (a SigLIP tokenizer may not)
+    pads_left: bool = False  # the tokenizer pads on the left (SigLIP 2's): a fixed-length text feed does too
 
 
 @dataclass
@@ -235,7 +236,7 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
     placement = _eager_padded(settings, placement, f"{towers.architecture} runs on the torch engine (its towers' "
                                                    "exports on ONNX Runtime on a CPU)")
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
-    feed = TextFeed(towers.text_length, parts.pad_id, parts.attention_mask)
+    feed = TextFeed(towers.text_length, parts.pad_id, parts.attention_mask, parts.pads_left)
     onnx = settings.engine == "auto" and placement.device.type == "cpu" and placement.dtype == torch.float32
     threads = dict(threads=placement.cpu_threads or 1, lend_threads=placement.lend_cpus)
     if onnx and (model_dir / TEXT_TOWER_ONNX_FILE).is_file():
@@ -252,11 +253,11 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
         tower, image_reasons = _vision_tower(model_dir / VISION_ONNX_FILE, settings, placement, towers, size, threads)
     else:
         tower = ImageTower(model)
-    images = VisionBackend(tower, dtype=placement.dtype, device=placement.device)
+    images = VisionBackend(tower, dtype=placement.dtype, device=placement.device, own_grid=towers.own_grid)
     reasons = {"engine": f"{towers.architecture}'s text tower on {facts['engine']}, its vision tower on "
                          f"{images.describe()['engine']}" + ("" if onnx else " (ONNX Runtime runs them on a CPU in "
                                                                            "float32, engine auto)"),
-               "dtype": "the placement's", **image_reasons, "layout": "padded texts; images stacked at one size",
+               "dtype": "the placement's", **image_reasons, "layout": f"padded texts; {images.describe()['layout']}",
                "cuda_graphs": "none: image-text towers run eagerly"}
     log.info("backend: %s in %s, images on its vision tower (%s)", backend.describe(), _name(placement.dtype),
              images.describe()["engine"])

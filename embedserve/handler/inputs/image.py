@@ -23,8 +23,8 @@ as the image processors of CLIP, SigLIP, ColPali and ColQwen2 take it.
 Preparation (ImagePreparation): the model folder's own image processor, the one
 sentence-transformers and transformers run on the same images (resize, crop, rescale, normalize),
 into pixel values; a prepared image costs a pass the positions its vision tower computes, a patch
-each. Where the processor keeps an image's own size (Qwen2-VL's, for ColQwen2), its grid of
-patches comes with them.
+each. Where the processor keeps an image's own shape (Qwen2-VL's, for ColQwen2; SigLIP 2's
+NaFlex), its grid of patches comes with them.
 
 Every failure is the item's own RequestError: the batch's other requests go on, and nothing an
 image holds can fail the worker.
@@ -218,12 +218,14 @@ class ImagePreparation:
 
     def model_input(self, image: Image.Image) -> ModelInput:
         """One image's model input: its pixel values, and where the processor keeps the image's own
-        size (Qwen2-VL's), its grid of patches, the pixel values then its patches'."""
+        shape, its grid of patches, the pixel values then its patches' (Qwen2-VL's: the image's
+        patches alone; SigLIP 2's: padded to max_num_patches, the real ones first)."""
         prepared = self.processor(images=[image], return_tensors="pt")
         if "image_grid_thw" in prepared:
             return ModelInput((), image=prepared["pixel_values"], positions=self.positions,
                               grid=tuple(prepared["image_grid_thw"][0].tolist()))
-        return ModelInput((), image=prepared["pixel_values"][0], positions=self.positions)
+        grid = tuple(prepared["spatial_shapes"][0].tolist()) if "spatial_shapes" in prepared else ()
+        return ModelInput((), image=prepared["pixel_values"][0], positions=self.positions, grid=grid)
 
 
 class ImageReader:

@@ -186,15 +186,19 @@ class MultiVector:
 
 @dataclass(frozen=True)
 class Towers:
-    """An image-text dual encoder (CLIP, SigLIP; model/towers.py): a text and a vision tower projecting into one space."""
-    architecture: str  # CLIPModel, SiglipModel
+    """An image-text dual encoder (CLIP, SigLIP, SigLIP 2; model/towers.py): a text and a vision tower projecting into one space."""
+    architecture: str  # CLIPModel, SiglipModel, Siglip2Model
     dimension: int  # the shared space's width
     text_positions: int  # the text tower's position table
-    image_positions: int  # the patches the vision tower computes an image
+    image_positions: int  # the patches the vision tower computes an image (NaFlex: what each is padded to)
     text_length: int | None = None  # SigLIP's: every text padded to this length, its last position pooled
+    own_grid: bool = False  # SigLIP 2 NaFlex: an image keeps its aspect ratio, a grid of patches of its own
 
     @property
     def modules(self) -> list[str]:
+        if self.own_grid:
+            return [f"TextTower(last of {self.text_length} padded positions, head)",
+                    f"ImageTower(aspect ratio kept, up to {self.image_positions} patches, attention pooling head)"]
         if self.text_length:
             return [f"TextTower(last of {self.text_length} padded positions, head)", "ImageTower(attention pooling head)"]
         return ["TextTower(end-of-text token, text_projection)", "ImageTower(class token, visual_projection)"]

@@ -39,8 +39,9 @@ class ModelInput:
     # (inputs/image.py), `ids` then empty; `positions`: the patches the tower computes, its length.
     image: Any = None
     positions: int = 0
-    # A page image that keeps its own size (ColQwen2): its patches (temporal, rows, columns), its
-    # pixel values then (patches, values); () for an image resized to the processor's one size.
+    # An image that keeps its own shape, its grid of patches: a ColQwen2 page's (temporal, rows,
+    # columns), a SigLIP 2 NaFlex image's (rows, columns); its pixel values then (patches, values).
+    # () for an image resized to the processor's one size.
     grid: tuple[int, ...] = ()
 
     def __len__(self) -> int:

@@ -70,6 +70,9 @@ class TextTokenizer:
         # Whether the model is given token types: only where the tokenizer hands them on.
         self.token_types = "token_type_ids" in (hf_tokenizer.model_input_names or ())
         self.gives_attention_mask = "attention_mask" in (hf_tokenizer.model_input_names or ())
+        # Where padding goes when a model is fed a fixed length (SigLIP's towers, model/towers.py):
+        # SigLIP 2's Gemma tokenizers pad on the left, and its text tower pools the last position.
+        self.pads_left = getattr(hf_tokenizer, "padding_side", "right") == "left"
         self._truncating_copies: dict[tuple[int, str], Tokenizer] = {}
 
     def token(self, role: str) -> str:

@@ -1,8 +1,8 @@
-"""Image-text dual encoders (CLIP, SigLIP and SigLIP 2's fixed-resolution models): a text tower and
-a vision tower, each pooled its own way into one shared space, so that a text and an image are
-compared by their vectors.
+"""Image-text dual encoders (CLIP, SigLIP, SigLIP 2): a text tower and a vision tower, each pooled
+its own way into one shared space, so that a text and an image are compared by their vectors.
 
-What the folder says (`read_towers`): transformers' CLIPModel or SiglipModel, as transformers
+What the folder says (`read_towers`): transformers' CLIPModel, SiglipModel (SigLIP, and SigLIP 2's
+fixed-resolution models) or Siglip2Model (SigLIP 2's variable-resolution models), as transformers
 saves it or as sentence-transformers 5.4+ saves it (one multimodal Transformer module in the
 folder itself, whose `encode` runs `get_text_features` on texts and `get_image_features` on
 images). How each tower runs (`TextTower`, `ImageTower`): transformers' own `get_text_features`
@@ -11,13 +11,21 @@ and `get_image_features`, so the vectors are the reference's by construction.
 SigLIP's text tower pools the last position of a sequence padded to a fixed length (64 tokens,
 its position table): it was trained so, and its model card tokenizes with padding="max_length".
 A text's vector therefore depends on that padding, and the tower pads every pass to the full
-length itself (`TextTower.length`), whatever the planner cut. sentence-transformers pads a batch
+length itself (`TextFeed`), whatever the planner cut, on the side the folder's tokenizer pads:
+the right for SigLIP's, the left for SigLIP 2's Gemma tokenizers as transformers loads them
+(its Siglip2Tokenizer, which also lowercases: the served tokenizer is the one it loads). sentence-transformers pads a batch
 to its longest text unless the folder's `processing_kwargs` say otherwise, so its `encode` of a
 SigLIP text depends on the other texts of its batch; the vectors here are the model card's.
 
-Refused, saying why: SigLIP 2's variable-resolution models (Siglip2Model, NaFlex: a patch
-count per image), and sentence-transformers' older layout with the
-model in a `0_CLIPModel` subfolder (build that subfolder itself: it is a plain CLIP folder).
+SigLIP 2's variable-resolution (NaFlex) models keep an image's aspect ratio: the image processor
+resizes it to a grid of patches of about its own shape within `max_num_patches` and pads its
+patches to that count, so images of any shape still stack into one pass; the tower is fed each
+image's grid (`spatial_shapes`), from which the mask of its real patches follows, and resizes its
+position table to that grid. An image costs the planner `max_num_patches` positions, what it is
+padded to.
+
+Refused, saying why: sentence-transformers' older layout with the model in a `0_CLIPModel`
+subfolder (build that subfolder itself: it is a plain CLIP folder).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import torch
 
 from embedserve.handler.model.description import ModelFilesError, Towers
 
-SERVED = {"CLIPModel": "clip", "SiglipModel": "siglip"}
+SERVED = {"CLIPModel": "clip", "SiglipModel": "siglip", "Siglip2Model": "siglip2"}
 
 
 def read_towers(model_dir: Path, config: dict[str, Any]) -> Towers:
@@ -39,25 +47,41 @@ def read_towers(model_dir: Path, config: dict[str, Any]) -> Towers:
     model_type = config.get("model_type", "?")
     architecture = str((config.get("architectures") or [""])[0])
     if architecture not in SERVED or SERVED[architecture] != model_type:
-        why = ("its variable-resolution (NaFlex) vision tower takes a patch count per image; SigLIP 2's "
-               "fixed-resolution models (SiglipModel) are served" if model_type == "siglip2"
-               else "CLIPModel and SiglipModel are served")
         raise ModelFilesError(f"'{model_type}' ({architecture or 'no architectures'}) is an image-text model that is "
-                              f"not served: {why}; see docs/models.md")
+                              f"not served: {', '.join(SERVED)} are; see docs/models.md")
     _check_modules(model_dir)
     # transformers' reading of the config: published configs leave out the values that are its defaults.
     from transformers import AutoConfig
 
     read = AutoConfig.from_pretrained(model_dir)
     text, vision = read.text_config, read.vision_config
-    patches = (vision.image_size // vision.patch_size) ** 2
+    if model_type == "siglip2":
+        patches = _naflex_patches(model_dir, vision.patch_size)
+    else:
+        patches = (vision.image_size // vision.patch_size) ** 2
     if model_type == "clip":
         return Towers(architecture, read.projection_dim, text.max_position_embeddings, patches)
     if text.projection_size != vision.hidden_size:
         raise ModelFilesError(f"{model_dir / 'config.json'}: the text tower projects to {text.projection_size} "
                               f"dimensions, the vision tower's pooling gives {vision.hidden_size}: not one space")
     return Towers(architecture, vision.hidden_size, text.max_position_embeddings, patches,
-                  text_length=text.max_position_embeddings)
+                  text_length=text.max_position_embeddings, own_grid=model_type == "siglip2")
+
+
+def _naflex_patches(model_dir: Path, patch_size: int) -> int:
+    """The patches a NaFlex image is padded to, as the folder's image processor reads its
+    preprocessor_config.json (its own default where the file leaves it out)."""
+    from transformers import AutoImageProcessor
+
+    try:
+        processor = AutoImageProcessor.from_pretrained(model_dir)
+    except (OSError, ValueError) as err:
+        raise ModelFilesError(f"{model_dir}: SigLIP 2's image processor does not load ({err})") from None
+    processor_patch = getattr(processor, "patch_size", None)
+    if processor_patch != patch_size:
+        raise ModelFilesError(f"{model_dir / 'preprocessor_config.json'}: the image processor cuts {processor_patch}-"
+                              f"pixel patches, the vision tower takes {patch_size}-pixel ones")
+    return int(processor.max_num_patches)
 
 
 def _check_modules(model_dir: Path) -> None:
@@ -85,15 +109,19 @@ def _features(out: Any) -> torch.Tensor:
 class TextFeed:
     """What a text tower is fed: right-padded (batch, seq) ids and mask, re-padded with `pad_id` to
     `length` (SigLIP's fixed length; None for CLIP's, which reads the end-of-text token wherever it
-    is), and the mask passed on where `masked` (the folder's tokenizer returns one; transformers'
-    SigLIP tokenizers did not before 5.0: the padding was attended to). The same for either engine."""
+    is), on the left where `left` (the folder's tokenizer pads there), and the mask passed on where
+    `masked` (the folder's tokenizer returns one; transformers' SigLIP tokenizers did not before
+    5.0: the padding was attended to). The same for either engine."""
     length: int | None = None
     pad_id: int = 0
     masked: bool = True
+    left: bool = False
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.length is not None:
             ids, attention = padded_to(self.length, ids, attention, self.pad_id)
+            if self.left:
+                ids, attention = moved_left(ids, attention, self.pad_id)
         return ids, attention if self.masked else None
 
     def graph_inputs(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,14 +161,30 @@ def padded_to(length: int, ids: torch.Tensor, attention: torch.Tensor, pad_id: i
     return full, mask
 
 
+def moved_left(ids: torch.Tensor, attention: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (batch, length) ids and mask as the same rows padded on the left: each row's
+    tokens end at the last position."""
+    length = ids.shape[1]
+    source = torch.arange(length, device=ids.device)[None, :] - (length - attention.sum(dim=1))[:, None]
+    real = source >= 0
+    return ids.gather(1, source.clamp(min=0)).masked_fill(~real, pad_id), real.to(attention.dtype)
+
+
 class ImageTower:
-    """(batch, channels, height, width) pixel values -> (batch, dimension) projected image features.
-    (On a CPU in float32, its ONNX export runs instead where the build made one: OnnxImageTower.)"""
+    """(batch, channels, height, width) pixel values -> (batch, dimension) projected image features;
+    for a NaFlex tower, (batch, patches, values) pixel values of patches padded to one count and each
+    image's (rows, columns) grid of real patches. (On a CPU in float32, a fixed-size tower's ONNX
+    export runs instead where the build made one: OnnxImageTower.)"""
 
     engine = "torch"
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
 
-    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
-        return _features(self.model.get_image_features(pixel_values=pixels))
+    def __call__(self, pixels: torch.Tensor, grids: torch.Tensor | None = None) -> torch.Tensor:
+        if grids is None:
+            return _features(self.model.get_image_features(pixel_values=pixels))
+        # An image's real patches come first, its padding after: the processor's own mask.
+        real = torch.arange(pixels.shape[1], device=pixels.device)[None, :] < grids.prod(dim=1)[:, None]
+        return _features(self.model.get_image_features(pixel_values=pixels, pixel_attention_mask=real.to(torch.int32),
+                                                       spatial_shapes=grids))

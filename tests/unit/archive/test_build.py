@@ -256,9 +256,13 @@ def test_towers_that_do_not_export_are_served_by_torch(tmp_path, config, capsys,
         assert not any(name.endswith(".onnx") for name in archive.namelist())
 
 
-def test_a_siglip_tokenizer_without_a_mask_is_served_as_transformers_runs_it(tmp_path):
+@pytest.mark.parametrize("tokenizer_setting", [{"model_input_names": ["input_ids"]}, {"padding_side": "left"}],
+                         ids=["no-mask", "left-padding"])
+def test_a_siglip_tokenizer_is_served_as_transformers_runs_it(tmp_path, tokenizer_setting):
     """A tokenizer whose model inputs are the ids alone (as SigLIP's were before transformers 5):
-    the text tower attends to the padding, as get_text_features on those ids does."""
+    the text tower attends to the padding, as get_text_features on those ids does. One that pads
+    on the left (SigLIP 2's fixed-resolution models are SiglipModel folders with a Gemma tokenizer,
+    which does): the last position the text tower pools is the text's own last token."""
     import numpy as np
 
     from embedserve.archive.smoke import _answer
@@ -267,9 +271,9 @@ def test_a_siglip_tokenizer_without_a_mask_is_served_as_transformers_runs_it(tmp
 
     folder = make_siglip(tmp_path / "siglip")
     settings = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "model_input_names": ["input_ids"]}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, **tokenizer_setting}))
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    assert tokenizer.model_input_names == ["input_ids"]
+    assert all(getattr(tokenizer, name) == value for name, value in tokenizer_setting.items())
     texts = ["two dogs", "a red cat on a mat"]
     with torch.no_grad():
         ids = tokenizer(texts, padding="max_length", max_length=64, return_tensors="pt")
@@ -278,18 +282,38 @@ def test_a_siglip_tokenizer_without_a_mask_is_served_as_transformers_runs_it(tmp
     assert np.abs(got - want).max() < 1e-5
 
 
-def test_siglip2_naflex_and_a_clip_in_a_subfolder_are_refused_saying_why(tmp_path, config, capsys):
+def test_a_siglip2_naflex_folder_builds_checked_against_transformers(tmp_path, config, capsys):
+    """SigLIP 2's variable-resolution model: images of three shapes checked against transformers'
+    own processor and get_image_features (sentence-transformers 5 resizes to its own default patch
+    count); texts against sentence-transformers padding to 64 on the tokenizer's side (the left:
+    transformers' Siglip2Tokenizer). Its text tower exports; its vision tower stays on torch."""
+    from tests.support.image_models import make_siglip2
+
+    assert run_build(config, "--model", str(make_siglip2(tmp_path / "siglip2")), "--name", "siglip2") == 0
+    err = capsys.readouterr().err
+    assert "an image-text model (Siglip2Model: texts and images into one 32-wide space)" in err, err
+    assert "ImageTower(aspect ratio kept, up to 256 patches, attention pooling head)" in err
+    assert "vision tower not exported (a variable-resolution tower" in err and "text tower exported" in err
+    assert "sentence-transformers (texts padded to 64 tokens, as the model card pads them): min cosine" in err
+    assert "transformers Siglip2Model, images: min cosine 1.0000" in err, err
+    with zipfile.ZipFile(config.parent / "store" / "siglip2.mar") as archive:
+        assert sorted(name for name in archive.namelist() if name.endswith(".onnx")) == ["model/text_tower.onnx"]
+
+
+def test_an_image_text_model_of_another_architecture_and_a_clip_in_a_subfolder_are_refused(tmp_path, config,
+                                                                                           capsys):
     import json
 
     from tests.support.image_models import make_clip
 
-    naflex = make_clip(tmp_path / "siglip2")
-    settings = json.loads((naflex / "config.json").read_text())
-    (naflex / "config.json").write_text(json.dumps({**settings, "model_type": "siglip2",
-                                                    "architectures": ["Siglip2Model"]}))
-    assert run_build(config, "--model", str(naflex)) == 1
+    other = make_clip(tmp_path / "altclip")
+    settings = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**settings, "model_type": "altclip",
+                                                   "architectures": ["AltCLIPModel"]}))
+    assert run_build(config, "--model", str(other)) == 1
     err = capsys.readouterr().err
-    assert "variable-resolution (NaFlex) vision tower" in err and "SiglipModel) are served" in err, err
+    assert "'altclip' (AltCLIPModel) is an image-text model that is not served: CLIPModel, SiglipModel, " \
+           "Siglip2Model are" in err, err
     layered = make_clip(tmp_path / "layered")
     (layered / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "0_CLIPModel",
                                                       "type": "sentence_transformers.models.CLIPModel"}]))
