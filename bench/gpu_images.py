@@ -8,7 +8,8 @@ that fails is recorded under `errors` and the next one runs):
 - clip: openai/clip-vit-base-patch32's architecture with random weights
   (tests/fixtures/published/clip-vit-base-patch32): the handler's `handle` on TorchServe batches
   of image requests (BATCH requests of IMAGES_PER_REQUEST JPEG photographs, 640 x 480, from
-  bench/images.py) in the device's default dtype (float16 on a GPU): images/s and each batch's
+  bench/images.py) in the device's default dtype (float16 on a GPU), its vision tower replaying
+  CUDA graphs there (`image_cuda_graphs`: how many were captured): images/s and each batch's
   time split (parse; tokenize, which for images is decoding and the image processor; model;
   encode), the host's stages over the model's; sentence-transformers' `encode` of the same
   decoded images on the same device, in float16 on a GPU, images/s; the handler's vectors
@@ -96,7 +97,8 @@ def served(model_dir: Path, name: str, files: list[bytes], device: str) -> tuple
               "statuses": {str(k): v for k, v in statuses.items()},
               "ms_per_batch": {key: round(value / batches, 3) for key, value in stages.items()},
               "dtype": info.get("model_dtype"), "device": info.get("device"), "engine": info.get("engine"),
-              "image_engine": info.get("image_engine"), "cuda_graphs": info.get("cuda_graphs")}
+              "image_engine": info.get("image_engine"), "cuda_graphs": info.get("cuda_graphs"),
+              "image_cuda_graphs": info.get("image_cuda_graphs")}
     if stages.get("model"):
         result["host_over_model"] = round(sum(stages.get(s, 0.0) for s in HOST_STAGES) / stages["model"], 3)
     return result, vectors

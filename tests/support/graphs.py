@@ -19,3 +19,12 @@ class EagerReplay:
 
     def replay(self) -> None:
         self.output = self.compute()
+
+
+class StaleReplay(EagerReplay):
+    """A replay that recomputes nothing after the capture, as an empty capture (on the wrong
+    device's stream) does: every replay returns the capture's output."""
+
+    def replay(self) -> None:
+        if self.output is None:
+            super().replay()

@@ -5,7 +5,9 @@ export on a CPU, in float32 on ONNX Runtime (backends/onnx_runtime.py) or in bfl
 Every image is prepared to the same size (inputs/image.py), so a pass is a stack of pixel values
 and costs the same positions an image: the planner cuts passes by count and the token budget
 alone, never by padding. A SigLIP 2 NaFlex image keeps its aspect ratio, and its processor pads
-its patches to one count: a pass stacks those, with each image's grid (model/towers.py).
+its patches to one count: a pass stacks those, with each image's grid (model/towers.py). On a GPU
+a fixed-size tower replays CUDA graphs of its passes where they were captured
+(backends/vision_graphs.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from embedserve.handler.backends.base import PassCost
 from embedserve.handler.backends.onnx_runtime import OnnxImageTower
 from embedserve.handler.backends.openvino_runtime import OpenVinoImageTower
+from embedserve.handler.backends.vision_graphs import ImageGraphs
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.model.towers import ImageTower
 from embedserve.handler.scheduling.planner import plan_sub_batches
@@ -30,10 +33,12 @@ class ImageInputs(NamedTuple):
 
 class VisionBackend:
     def __init__(self, tower: ImageTower | OnnxImageTower | OpenVinoImageTower, *, dtype: torch.dtype,
-                 device: torch.device, own_grid: bool = False):
-        """`own_grid`: images keep their aspect ratio (SigLIP 2 NaFlex), their patches padded to one count."""
+                 device: torch.device, own_grid: bool = False, graphs: ImageGraphs | None = None):
+        """`own_grid`: images keep their aspect ratio (SigLIP 2 NaFlex), their patches padded to one
+        count; `graphs`: CUDA graphs of the tower's passes (a fixed-size tower on a GPU)."""
         self.tower = tower
         self.own_grid = own_grid
+        self.graphs = graphs
         self.dtype = dtype
         self.device = device
 
@@ -46,11 +51,19 @@ class VisionBackend:
         return ImageInputs(pixels, rows[0].positions, grids)
 
     def run(self, inputs: ImageInputs, *, eager: bool = False) -> torch.Tensor:
-        features = self.tower(inputs.pixels) if inputs.grids is None else self.tower(inputs.pixels, inputs.grids)
+        if inputs.grids is not None:
+            features = self.tower(inputs.pixels, inputs.grids)
+        elif self.graphs is not None and not eager:
+            features = self.graphs.run(inputs.pixels)
+        else:
+            features = self.tower(inputs.pixels)
         return features.to(torch.float32)
 
     def computed_tokens(self, inputs: ImageInputs) -> int:
-        return inputs.pixels.shape[0] * inputs.positions
+        rows = inputs.pixels.shape[0]
+        if self.graphs is not None:
+            return self.graphs.computed_tokens(rows, inputs.positions)
+        return rows * inputs.positions
 
     @property
     def thread_counts(self) -> tuple[int, ...] | None:
@@ -63,4 +76,4 @@ class VisionBackend:
             f"{self.tower.engine} {str(dtype).removeprefix('torch.')}"
         layout = "images stacked, each its own grid of patches padded to one count" if self.own_grid else \
             "images stacked, one size"
-        return {"engine": engine, "layout": layout, "cuda_graphs": 0}
+        return {"engine": engine, "layout": layout, "cuda_graphs": len(self.graphs.graphs) if self.graphs else 0}

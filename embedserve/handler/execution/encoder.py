@@ -232,7 +232,8 @@ class Encoder:
         """How this encoder runs its passes, for /info: engine, padded or packed, the attention
         kernel, how many CUDA graphs it replays (0: every pass runs eagerly); an image-text
         model's image engine beside its text one."""
-        images = {"image_engine": self.images.describe()["engine"]} if self.images is not None else {}
+        images = {} if self.images is None else \
+            {"image_engine": self.images.describe()["engine"], "image_cuda_graphs": self.images.describe()["cuda_graphs"]}
         return {**self.backend.describe(), **images}
 
     def embed(self, inputs: Sequence[ModelInput]) -> Embedded:

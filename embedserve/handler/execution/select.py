@@ -40,6 +40,7 @@ from embedserve.handler.backends.packed_graphs import PackedGraphRunner, token_l
 from embedserve.handler.backends.padded import PaddedBackend
 from embedserve.handler.backends.pages import PageBackend
 from embedserve.handler.backends.vision import VisionBackend
+from embedserve.handler.backends.vision_graphs import ImageGraphs
 from embedserve.handler.execution.engine_trial import READ_FROM_RECORD, Candidate, bf16_challengers, choose, \
     shared_trial, time_candidates, time_image_towers, trial_key
 from embedserve.handler.execution.placement import Placement
@@ -230,9 +231,12 @@ def _eager_padded(settings: Settings, placement: Placement, runs_on: str) -> Pla
 def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:
     """An image-text model's two towers: texts in padded passes, images stacked; each through its
     ONNX export on ONNX Runtime on a CPU in float32 where the build made one (faster than torch
-    eager there: backends/onnx_runtime.py), else through torch. The other engines, layouts and CUDA
-    graphs take text encoders only: asked for, they are a settings error."""
+    eager there: backends/onnx_runtime.py), else through torch. With `cuda_graphs` on a GPU, a
+    fixed-size vision tower replays CUDA graphs of its passes (backends/vision_graphs.py); texts
+    run eagerly. The other engines and layouts take text encoders only: asked for, they are a
+    settings error."""
     towers = parts.towers
+    graphs_asked = placement.cuda_graphs and placement.device.type == "cuda"
     placement = _eager_padded(settings, placement, f"{towers.architecture} runs on the torch engine (its towers' "
                                                    "exports on ONNX Runtime on a CPU)")
     model = load_model(model_dir, device=placement.device, dtype=placement.dtype)
@@ -253,15 +257,40 @@ def _towers(model_dir: Path, settings: Settings, placement: Placement, parts: Mo
         tower, image_reasons = _vision_tower(model_dir / VISION_ONNX_FILE, settings, placement, towers, size, threads)
     else:
         tower = ImageTower(model)
-    images = VisionBackend(tower, dtype=placement.dtype, device=placement.device, own_grid=towers.own_grid)
+    graphs, graphs_reason = _vision_graphs(tower, model, placement, parts) if graphs_asked else \
+        (None, "none: image-text towers run eagerly off a GPU")
+    images = VisionBackend(tower, dtype=placement.dtype, device=placement.device, own_grid=towers.own_grid,
+                           graphs=graphs)
     reasons = {"engine": f"{towers.architecture}'s text tower on {facts['engine']}, its vision tower on "
                          f"{images.describe()['engine']}" + ("" if onnx else " (ONNX Runtime runs them on a CPU in "
                                                                            "float32, engine auto)"),
                "dtype": "the placement's", **image_reasons, "layout": f"padded texts; {images.describe()['layout']}",
-               "cuda_graphs": "none: image-text towers run eagerly"}
+               "cuda_graphs": f"vision tower: {graphs_reason}; texts run eagerly"}
     log.info("backend: %s in %s, images on its vision tower (%s)", backend.describe(), _name(placement.dtype),
              images.describe()["engine"])
     return Selection(backend, towers.dimension, placement, reasons, images=images)
+
+
+def _vision_graphs(tower: Any, model: torch.nn.Module, placement: Placement, parts: ModelParts
+                   ) -> tuple[ImageGraphs | None, str]:
+    """CUDA graphs of a fixed-size vision tower, one per batch size of the ladder within a pass's
+    bounds, and why; none for a NaFlex tower (each image's grid is resized on the host)."""
+    if parts.towers.own_grid:
+        return None, "none: a variable-resolution tower resizes its position table per image on the host"
+    vision = model.config.vision_config
+    positions = parts.towers.image_positions
+    batches = sorted({bucket.batch for bucket in placement.cuda_graph_buckets
+                      if bucket.batch <= parts.max_batch_size and bucket.batch * positions <= placement.max_batch_tokens})
+    if not batches:
+        return None, "none: no batch size of cuda_graph_batches fits a pass"
+    with torch.inference_mode():
+        graphs = ImageGraphs.capture(tower, batches, shape=(vision.num_channels, vision.image_size, vision.image_size),
+                                     positions=positions, dtype=placement.dtype, device=placement.device,
+                                     max_bytes=placement.cuda_graph_max_bytes,
+                                     tolerance=REPLAY_TOLERANCE[placement.dtype])
+    if not graphs.graphs:
+        return None, f"none: {graphs.graphs.why_none or 'none captured'}"
+    return graphs, f"captured {len(graphs.graphs)}"
 
 
 def _pages(model_dir: Path, settings: Settings, placement: Placement, parts: ModelParts) -> Selection:

@@ -20,7 +20,7 @@ import torch
 from embedserve.handler.backends.cuda_graphs import (REPLAY_TOLERANCE, Bucket, GraphRunner, StaticGraph, choose,
                                  forward_synchronizes, ladder, relative_error)
 from tests.support.engines import TEXTS, make_engine
-from tests.support.graphs import BYTES_PER_TOKEN, EagerReplay
+from tests.support.graphs import BYTES_PER_TOKEN, EagerReplay, StaleReplay
 from tests.support.model_families import FAMILIES
 from tests.support.parts import replaying, torch_model
 from embedserve.handler.model.inputs import plain_inputs
@@ -359,16 +359,11 @@ class MaskIgnoringReplay(EagerStandIn):
         self.output = self.forward(self.ids, torch.ones_like(self.mask))
 
 
-class StaleReplay(EagerStandIn):
-    """A replay that recomputes nothing, as an empty capture (on the wrong device's stream) does:
-    every replay returns the capture's output."""
-
-    def replay(self) -> None:
-        if self.output is None:
-            super().replay()
+class StaleGraph(StaleReplay, StaticGraph):
+    captured: list[Bucket] = []
 
 
-@pytest.mark.parametrize("graph_type", [MaskIgnoringReplay, StaleReplay])
+@pytest.mark.parametrize("graph_type", [MaskIgnoringReplay, StaleGraph])
 def test_graphs_that_replay_unlike_eager_are_all_dropped(tiny_model_dir, caplog, graph_type):
     encoder = make_engine(tiny_model_dir).encoder
     with torch.inference_mode(), caplog.at_level(logging.ERROR, logger="embedserve.handler.backends.cuda_graphs"):
