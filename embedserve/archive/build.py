@@ -30,6 +30,7 @@ from embedserve.archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
 from embedserve.archive.default_model import NAME as DEFAULT_NAME
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.digest import sha256_files
+from embedserve.archive.gpu_workers import Sizing, machine_cores, size_for_gpus, size_workers
 from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.native import native_note
 from embedserve.archive.onnx_export import export_onnx, export_towers_onnx
@@ -48,7 +49,6 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = Path(__file__).resolve().parent / "model-config.yaml"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 METRICS_FILE = "metrics.yaml"
-WORKERS_PER_GPU = 2  # a GPU worker's host work overlaps the other's passes (_default_workers)
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # what TorchServe accepts
 TS_DEFAULT_BODY_BYTES = 6_553_600  # TorchServe's max_request_size and max_response_size
 SPARSE_ENTRIES = 512  # the entries per input a sparse model's largest answer is sized for
@@ -95,7 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "answering a vector per token: hybrid, multi-vector)")
     p.add_argument("--max-batch-delay", type=int, default=1,
                    help="ms TorchServe waits to fill a batch (>= 1; under load batches fill without waiting)")
-    p.add_argument("--workers", type=int, default=0, help="workers per model (0: 2 per GPU, else up to 2)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="workers per model (0: on a GPU, as many as the cores keep busy and 80%% of its memory holds; "
+                        "on a CPU, one per core up to 2)")
     p.add_argument("--response-timeout", type=int, default=120, help="s per batch before a worker restarts")
     p.add_argument("--startup-timeout", type=int, default=300, help="s a worker may take to start")
     p.add_argument("--export-path", type=Path, default=REPO / "model_store", help="where the .mar goes")
@@ -137,7 +139,8 @@ def make_archive(args: argparse.Namespace) -> Archive:
     args.name = args.name or (DEFAULT_NAME if args.model is None else _name_from(args.model))
     if not MODEL_NAME.match(args.name):
         raise BuildError(f"--name '{args.name}' must match {MODEL_NAME.pattern}")
-    workers = args.workers or _default_workers()
+    gpus = _gpus(args)
+    workers = args.workers or (1 if gpus else _cpu_workers())  # a GPU build's: sized once the model is staged
 
     with tempfile.TemporaryDirectory(prefix="build_mar-") as tmp:
         stage = Path(tmp) / "stage"
@@ -207,6 +210,11 @@ def make_archive(args: argparse.Namespace) -> Archive:
                 calibration = calibrate(stage / "model", config["handler"])
                 config["handler"]["int8_fp32_layers"] = calibration.keep_fp32
             print(calibration.summary(), file=sys.stderr)
+        if gpus and not args.workers:
+            sizing = _size_gpu_workers(args, stage / "model", config["handler"], gpus)
+            config.update(minWorkers=sizing.workers, maxWorkers=sizing.workers)
+            config["handler"]["workers_sizing"] = sizing.describe()
+            print(f"workers: {sizing.describe()}", file=sys.stderr)
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         if not args.skip_check:
@@ -344,16 +352,27 @@ def _name_from(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", base).lstrip("-_.") or "model"
 
 
-def _default_workers() -> int:
-    """Two per GPU: a GPU worker's host work (TorchServe's protocol, parsing, tokenizing, encoding)
-    outweighs its passes, and a second worker of the same GPU does it while the first's pass runs
-    (on an H200, 256 clients: 7,212 texts/s with two workers against 3,456 with one, the GPU 14%
-    busy; docs/gpu.md). On a CPU, one per core up to two."""
+def _gpus(args: argparse.Namespace) -> int:
+    """The GPUs the build's workers will run on: this machine's, unless the build is for the CPU."""
     import torch
 
-    if torch.cuda.is_available():
-        return WORKERS_PER_GPU * torch.cuda.device_count()
+    return torch.cuda.device_count() if args.device != "cpu" and torch.cuda.is_available() else 0
+
+
+def _cpu_workers() -> int:
+    """One per core up to two: a CPU worker's pass lends its threads to the other's idle core
+    (docs/performance.md)."""
     return min(2, os.cpu_count() or 1)
+
+
+def _size_gpu_workers(args: argparse.Namespace, model_dir: Path, handler: dict, gpus: int) -> Sizing:
+    """A GPU build's workers (embedserve/archive/gpu_workers.py): a GPU worker's host work
+    (TorchServe's protocol, parsing, tokenizing, encoding) outweighs its passes, so workers come
+    from the host's cores, within the GPU's memory as a probe measures one worker's footprint
+    (skipped with --skip-check: cores alone)."""
+    if args.skip_check:
+        return size_workers(machine_cores(), gpus, why_not="--skip-check")
+    return size_for_gpus(model_dir, handler, gpus)
 
 
 def _model_id(args: argparse.Namespace) -> str:

@@ -142,6 +142,7 @@ class Settings:
     # What /info reports; written by the build.
     model_id: str = ""
     revision: str = ""
+    workers_sizing: str = ""  # how a GPU build chose its workers per GPU (embedserve/archive/gpu_workers.py)
 
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any] | None) -> "Settings":

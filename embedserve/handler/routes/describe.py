@@ -74,6 +74,7 @@ def info_body(service: Any, model: ModelDescription) -> dict[str, Any]:
     return {
         "model_id": settings.model_id or service.model_name,
         "revision": settings.revision or None,
+        "workers_sizing": settings.workers_sizing or None,
         "served_model_name": service.model_name,
         "model_type": _model_type(model),
         "task": service.task,

@@ -480,17 +480,13 @@ def test_build_mar_help_lists_every_option():
         assert f"`{option}`" in models_doc
 
 
-def test_default_workers_two_per_gpu_else_up_to_two_cores(monkeypatch):
+def test_a_cpu_build_runs_a_worker_a_core_up_to_two(monkeypatch):
     from embedserve.archive import build
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
-    assert build._default_workers() == 6  # a second worker per GPU does host work during the other's passes
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(build.os, "cpu_count", lambda: 8)
-    assert build._default_workers() == 2
+    assert build._cpu_workers() == 2
     monkeypatch.setattr(build.os, "cpu_count", lambda: 1)
-    assert build._default_workers() == 1
+    assert build._cpu_workers() == 1
 
 
 def test_the_archiver_works_in_a_folder_of_its_own_build(tiny_model_dir, tmp_path, monkeypatch):
