@@ -38,7 +38,7 @@
 #   GPU_SERVE_RUNTIME=build/gpu/runtime.tar.xz      `installed`: Java and TorchServe as installed
 #   GPU_SERVE_MODEL=build/gpu/minilm-fp16.tar.xz    an archive of one model folder, or a folder
 #   GPU_SERVE_SHAPES="1x1 64x1 256x1 64x32 256x32"  clients x texts per request
-#   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "4 8 12"), each
+#   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "2 4 12"), each
 #                                   running GPU_SERVE_SWEEP_SHAPES (default "256x1 64x32") again
 #   GPU_SERVE_MPS=0                 1: the server's workers share the GPU through CUDA MPS (its control
 #                                   daemon started for the run, stopped after; serving.json's `mps` says
