@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,18 +99,19 @@ def measure_footprint(model_dir: Path, handler: dict[str, Any], command: list[st
     used_mib = used_mib or _cuda_used_mib
     before, total = used_mib()
     command = command or [sys.executable, "-m", "embedserve.archive.gpu_workers", str(model_dir), json.dumps(handler)]
-    probe = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = _read_line(probe)
-        if line != PEAK:
-            probe.kill()
-            raise ProbeError(f"the probe ended before its largest pass: {probe.communicate()[1].strip()[-300:]}")
-        at_peak, _ = used_mib()
-        probe.communicate("\n", timeout=60)
-    finally:
-        if probe.poll() is None:
-            probe.kill()
-            probe.wait()
+    # Its log goes to a file: a pipe nobody reads while the probe loads would fill and stop it.
+    with tempfile.TemporaryFile("w+") as log, \
+            subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True) as probe:
+        try:
+            if _read_line(probe) != PEAK:
+                probe.wait(timeout=60)
+                log.seek(0)
+                raise ProbeError(f"the probe ended before its largest pass: {log.read().strip()[-300:]}")
+            at_peak, _ = used_mib()
+            probe.communicate("\n", timeout=60)
+        finally:
+            if probe.poll() is None:
+                probe.kill()
     return max(1, at_peak - before), total
 
 
