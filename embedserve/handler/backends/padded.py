@@ -90,18 +90,20 @@ class PaddedBackend:
         ids[real] = np.fromiter(chain.from_iterable(row.ids for row in rows), dtype=np.int64,
                                 count=int(sizes.sum()))  # row by row
         mask = real.astype(np.int64)  # TokenRole.POOLED where real, PAD elsewhere
-        unpooled = np.fromiter((row.unpooled for row in rows), dtype=np.int64, count=len(rows))
-        if unpooled.any():
+        # Most passes have no prompt left out, no pair, no expansion and no span: a look at the
+        # rows costs less than the arrays that would say so.
+        if any(row.unpooled for row in rows):
+            unpooled = np.fromiter((row.unpooled for row in rows), dtype=np.int64, count=len(rows))
             mask[positions < np.minimum(unpooled, sizes)[:, None]] = TokenRole.PROMPT
-        starts = np.fromiter((row.second for row in rows), dtype=np.int64, count=len(rows))
-        if starts.any():
+        if any(row.second for row in rows):
+            starts = np.fromiter((row.second for row in rows), dtype=np.int64, count=len(rows))
             mask[real & (starts[:, None] > 0) & (positions >= starts[:, None])] = TokenRole.SECOND
-        expansion = np.fromiter((row.expansion for row in rows), dtype=np.int64, count=len(rows))
-        if expansion.any():
+        if any(row.expansion for row in rows):
+            expansion = np.fromiter((row.expansion for row in rows), dtype=np.int64, count=len(rows))
             mask[real & (positions >= (sizes - expansion)[:, None])] = TokenRole.EXPANSION
-        ends = np.fromiter((row.pooled_end for row in rows), dtype=np.int64, count=len(rows))
         shared = None
-        if ends.any():  # spans of late chunking: attended to, pooled only within the span
+        if any(row.pooled_end for row in rows):  # spans of late chunking: attended to, pooled only within the span
+            ends = np.fromiter((row.pooled_end for row in rows), dtype=np.int64, count=len(rows))
             mask[real & (ends[:, None] > 0) & (positions >= ends[:, None])] = TokenRole.PROMPT
             shared = self._shared(ids, real)
         return PaddedInputs(to_device(ids, self.device), to_device(mask, self.device), shared)

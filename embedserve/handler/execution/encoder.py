@@ -46,13 +46,27 @@ class DenseRows:
     read back once."""
 
     def __init__(self, items: int, dimension: int, device: torch.device):
-        self.block = torch.zeros((items, dimension), dtype=torch.float32, device=device)
+        self.items = items
+        self.dimension = dimension
+        self.device = device
+        self.block: torch.Tensor | None = None  # made at the first put, or taken from it
 
     def put(self, indices: Sequence[int], rows: torch.Tensor) -> None:
+        if self.block is None:
+            if self.device.type == "cpu" and rows.shape == (self.items, self.dimension) \
+                    and rows.dtype == torch.float32 and rows.is_contiguous() and list(indices) == list(range(self.items)):
+                # One CPU pass of every item in order (a small batch's usual case): its rows are
+                # the block. A CPU pass's output is its own; the zeros and the copy would cost more
+                # than the pass's pooling.
+                self.block = rows
+                return
+            self.block = torch.zeros((self.items, self.dimension), dtype=torch.float32, device=self.device)
         # A copy on the device: a replayed graph's output buffer is overwritten by the next.
         self.block[to_device(np.asarray(indices, dtype=np.int64), self.block.device)] = rows
 
     def result(self) -> torch.Tensor:
+        if self.block is None:  # no pass ran (no inputs, or none fitted in memory)
+            self.block = torch.zeros((self.items, self.dimension), dtype=torch.float32, device=self.device)
         return Encoder.to_host(self.block)
 
     @staticmethod
@@ -185,6 +199,8 @@ def finite_rows(vectors: torch.Tensor | list[np.ndarray]) -> list[bool]:
     if isinstance(vectors, HybridVectors):
         return vectors.finite()
     if isinstance(vectors, torch.Tensor):
+        if vectors.device.type == "cpu" and vectors.dtype == torch.float32:  # numpy's calls cost less than torch's
+            return np.isfinite(vectors.numpy()).all(axis=1).tolist()
         return torch.isfinite(vectors).all(dim=1).tolist()
     return [bool(np.isfinite(row).all()) for row in vectors]
 

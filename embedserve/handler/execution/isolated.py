@@ -50,7 +50,7 @@ def embed_isolated(encoder: Encoder, cache: EmbeddingCache | None, jobs: list[tu
     every_row_finite = all(finite)  # nearly always: then no request's rows need a look
     outcomes: dict[int, Outcome] = {}
     for (index, job), span in zip(jobs, spans):
-        own_unfit = frozenset(i - span.start for i in unfit if span.start <= i < span.stop)
+        own_unfit = frozenset(i - span.start for i in unfit if span.start <= i < span.stop) if unfit else frozenset()
         broken = [] if every_row_finite else \
             [i for i in range(span.stop - span.start) if not finite[span.start + i] and i not in own_unfit]
         if broken:

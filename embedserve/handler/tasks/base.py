@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import accumulate
 from typing import Any, Callable, Protocol, Sequence, Union
 
@@ -55,7 +56,7 @@ class Job:
         """The request's input that model input `item` is (a window of)."""
         return item if self.windows is None else bisect_right(list(accumulate(self.windows)), item)
 
-    @property
+    @cached_property  # read by admission and again by the answer
     def tokens(self) -> int:
         if self.computed:
             return self.computed[1]

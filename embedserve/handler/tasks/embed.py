@@ -13,7 +13,7 @@ normalization) runs on all requests of a batch together, quantizing on each alon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -227,15 +227,16 @@ class Prompt:
     unpooled: int  # what pooling leaves out: 0 unless the Pooling module excludes the prompt
 
 
-@dataclass(frozen=True)
-class _Checked:
-    """A valid embedding request before tokenizing: the texts it needs tokenized."""
+class _Checked(NamedTuple):
+    """A valid embedding request before tokenizing: the texts it needs tokenized. (One is made a
+    request: a named tuple costs a fraction of a frozen dataclass, which sets each field through
+    object.__setattr__.)"""
     request: EmbeddingRequest
     normalize: bool
     prompt: Prompt
     texts: dict[int, str]  # input index -> prompt + text, for the tokenizer
     bodies: list[list[int] | None]  # token ids without special tokens; None where `texts` holds the input
-    images: dict[int, ModelInput] = field(default_factory=dict)  # input index -> its prepared image
+    images: dict[int, ModelInput]  # input index -> its prepared image
 
 
 class EmbedTask:
@@ -501,6 +502,8 @@ class EmbedTask:
                                     options.output_dtype, encoding_format, self.checks.model_name, request.route)
 
         answer = answer_bytes(options.encoding_format)
+        if answer <= self.checks.settings.max_response_bytes:  # the remedy below is worded for a refusal only
+            return
         # base64 is no smaller for codes on the OpenAI route (4 bytes each): suggest it only where it helps.
         smaller = ", or \"encoding_format\": \"base64\"" if answer_bytes("base64") < answer else ""
         self.checks.answer_size(request, answer, f"send fewer inputs per request, fewer 'dimensions'{smaller}")
@@ -527,7 +530,7 @@ class EmbedTask:
         final Normalize runs (the encoder leaves it out, model/head.py): `"normalize": false` keeps
         the vector before it. The rows of all requests that ask for one `dimensions` are
         normalized together, in one operation."""
-        shaped: dict[int, torch.Tensor | RequestError] = {}
+        shaped: dict[int, torch.Tensor | np.ndarray | RequestError] = {}
         groups: dict[int | None, list[int]] = {}
         for index, job in jobs.items():
             vectors, _ = outcomes[index]
@@ -546,14 +549,19 @@ class EmbedTask:
                 for index in indices:
                     shaped[index] = internal_error("the server failed to encode this answer; the failure is logged")
                 continue
-            for index, rows in zip(indices, normalized.split([len(part) for part in parts])):
-                shaped[index] = rows
+            # Each request's rows cut from the host array: a numpy slice costs less than a tensor
+            # split and its numpy view.
+            host, stop = normalized.numpy(), 0
+            for index, part in zip(indices, parts):
+                start, stop = stop, stop + part.shape[0]
+                shaped[index] = host[start:stop]
         results: dict[int, Embeddings | RequestError] = {}
         for index, vectors in shaped.items():
             job = jobs[index]
             try:
                 results[index] = vectors if isinstance(vectors, RequestError) else \
-                    Embeddings(quantize(vectors.numpy(), job.request.options.output_dtype), job.tokens,
+                    Embeddings(quantize(vectors.numpy() if isinstance(vectors, torch.Tensor) else vectors,
+                                        job.request.options.output_dtype), job.tokens,
                                job.windows if job.weights is not None else None, job.spans)
             except Exception as err:  # a bug met by one answer must not fail its batch
                 log_failure(f"quantizing the answer of request {index} of the batch", err)
