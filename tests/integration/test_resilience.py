@@ -30,7 +30,10 @@ BATCH_SIZE = 4
 RESPONSE_TIMEOUT_S = 20  # TorchServe's per-batch limit, and the answer time every request must meet
 BURST_CLIENTS = 8 * JOB_QUEUE_SIZE
 BURST_SECONDS = 5.0
-THROUGHPUT_BACK_WITHIN_S = 15.0  # after the burst, half the baseline throughput again within this
+# After the burst, half the baseline throughput again within this. A stuck server never gets there;
+# the suite's other worker can hold every window of a shared machine back for a while (a fresh-clone
+# run: no 2-second window at half a 551 requests/s baseline within 15 s; the test alone: 2.5 s).
+THROUGHPUT_BACK_WITHIN_S = 45.0
 RECOVERY_BUDGET_S = 60.0  # a worker restart is 5-20 s here, longer on a contended machine
 SLOW_FILL_DELAY_MS = 3000
 TEXT_TOKENS = 12
