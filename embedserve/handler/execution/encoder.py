@@ -248,9 +248,10 @@ class Encoder:
         """How this encoder runs its passes, for /info: engine, padded or packed, the attention
         kernel, how many CUDA graphs it replays (0: every pass runs eagerly); an image-text
         model's image engine beside its text one."""
-        images = {} if self.images is None else \
-            {"image_engine": self.images.describe()["engine"], "image_cuda_graphs": self.images.describe()["cuda_graphs"]}
-        return {**self.backend.describe(), **images}
+        if self.images is None:
+            return self.backend.describe()
+        images = self.images.describe()
+        return {**self.backend.describe(), "image_engine": images["engine"], "image_cuda_graphs": images["cuda_graphs"]}
 
     def embed(self, inputs: Sequence[ModelInput]) -> Embedded:
         """Model inputs (model/inputs.py) -> (items, dimension) float32 pooled vectors on the CPU,

@@ -13,9 +13,10 @@ its position table): it was trained so, and its model card tokenizes with paddin
 A text's vector therefore depends on that padding, and the tower pads every pass to the full
 length itself (`TextFeed`), whatever the planner cut, on the side the folder's tokenizer pads:
 the right for SigLIP's, the left for SigLIP 2's Gemma tokenizers as transformers loads them
-(its Siglip2Tokenizer, which also lowercases: the served tokenizer is the one it loads). sentence-transformers pads a batch
-to its longest text unless the folder's `processing_kwargs` say otherwise, so its `encode` of a
-SigLIP text depends on the other texts of its batch; the vectors here are the model card's.
+(its Siglip2Tokenizer, which also lowercases: the served tokenizer is the one it loads).
+sentence-transformers pads a batch to its longest text unless the folder's `processing_kwargs`
+say otherwise, so its `encode` of a SigLIP text depends on the other texts of its batch; the
+vectors here are the model card's.
 
 SigLIP 2's variable-resolution (NaFlex) models keep an image's aspect ratio: the image processor
 resizes it to a grid of patches of about its own shape within `max_num_patches` and pads its
