@@ -45,6 +45,7 @@ from PIL import Image, UnidentifiedImageError
 from embedserve.handler.api.codec import json_type, short
 from embedserve.handler.api.errors import RequestError, empty, malformed, too_large, unprocessable
 from embedserve.handler.inputs.image_urls import ImageUrls
+from embedserve.handler.model.image_processor import image_processor
 from embedserve.handler.model.inputs import ModelInput
 from embedserve.handler.settings import Settings
 
@@ -211,9 +212,7 @@ class ImagePreparation:
     def __init__(self, model_dir: str | Path, positions: int):
         """`positions`: what an image costs the planner, the patches its vision tower computes
         (`Towers.image_positions`, read off the model's config by model/towers.py)."""
-        from transformers import AutoImageProcessor  # the image models' dependency only
-
-        self.processor = AutoImageProcessor.from_pretrained(model_dir)
+        self.processor = image_processor(model_dir)  # the one the description read
         self.positions = positions
 
     def model_input(self, image: Image.Image) -> ModelInput:

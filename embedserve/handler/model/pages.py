@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import torch
 
 from embedserve.handler.model.description import ModelFilesError, Pages
+from embedserve.handler.model.image_processor import image_processor
 
 SERVED = {"ColPaliForRetrieval": "colpali", "ColQwen2ForRetrieval": "colqwen2"}  # architecture: model_type
 QUERY_AUGMENTATION = 10  # the processors' pad tokens after a query
@@ -74,9 +75,8 @@ def _read_colpali(model_dir: Path, read: Any, processor: dict[str, dict[str, Any
 
 
 def _read_colqwen2(model_dir: Path, read: Any, processor: dict[str, dict[str, Any]]) -> Pages:
-    from transformers import AutoImageProcessor  # its pixel bound as it reads it: older folders write max_pixels
-
-    vision, image = read.vlm_config.vision_config, AutoImageProcessor.from_pretrained(model_dir)
+    # Its pixel bound as transformers reads it: older folders write max_pixels.
+    vision, image = read.vlm_config.vision_config, image_processor(model_dir)
     patch, merge = image.patch_size, image.merge_size
     if (patch, merge) != (vision.patch_size, vision.spatial_merge_size):
         raise ModelFilesError(f"{model_dir}: the image processor cuts {patch} px patches merged {merge} x {merge}, "

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from embedserve.handler.model.description import ModelFilesError, Towers
+from embedserve.handler.model.image_processor import image_processor
 
 SERVED = {"CLIPModel": "clip", "SiglipModel": "siglip", "Siglip2Model": "siglip2"}
 
@@ -72,10 +73,8 @@ def read_towers(model_dir: Path, config: dict[str, Any]) -> Towers:
 def _naflex_patches(model_dir: Path, patch_size: int) -> int:
     """The patches a NaFlex image is padded to, as the folder's image processor reads its
     preprocessor_config.json (its own default where the file leaves it out)."""
-    from transformers import AutoImageProcessor
-
     try:
-        processor = AutoImageProcessor.from_pretrained(model_dir)
+        processor = image_processor(model_dir)
     except (OSError, ValueError) as err:
         raise ModelFilesError(f"{model_dir}: SigLIP 2's image processor does not load ({err})") from None
     processor_patch = getattr(processor, "patch_size", None)
@@ -120,9 +119,7 @@ class TextFeed:
 
     def __call__(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.length is not None:
-            ids, attention = padded_to(self.length, ids, attention, self.pad_id)
-            if self.left:
-                ids, attention = moved_left(ids, attention, self.pad_id)
+            ids, attention = padded_to(self.length, ids, attention, self.pad_id, left=self.left)
         return ids, attention if self.masked else None
 
     def graph_inputs(self, ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,11 +145,16 @@ class TextTower:
         return _features(self.model.get_text_features(input_ids=ids, attention_mask=mask))
 
 
-def padded_to(length: int, ids: torch.Tensor, attention: torch.Tensor, pad_id: int
+def padded_to(length: int, ids: torch.Tensor, attention: torch.Tensor, pad_id: int, left: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (batch, seq) ids and mask, re-padded with `pad_id` to exactly `length`
-    positions (no text is longer: the tokenizer truncates to the position table)."""
+    positions (no text is longer: the tokenizer truncates to the position table); on the left
+    where `left`: each row's tokens then end at the last position."""
     rows, seq = ids.shape
+    if left:  # position p holds the row's token p - (length - its count), padding where that is < 0
+        source = torch.arange(length, device=ids.device)[None, :] - (length - attention.sum(dim=1))[:, None]
+        real = source >= 0
+        return ids.gather(1, source.clamp(0, seq - 1)).masked_fill(~real, pad_id), real.to(attention.dtype)
     if seq > length:  # a pass padded past the table (a pad multiple): only padding lies beyond it
         return ids[:, :length].masked_fill(attention[:, :length] == 0, pad_id), attention[:, :length]
     full = ids.new_full((rows, length), pad_id)
@@ -160,15 +162,6 @@ def padded_to(length: int, ids: torch.Tensor, attention: torch.Tensor, pad_id: i
     mask = attention.new_zeros((rows, length))
     mask[:, :seq] = attention
     return full, mask
-
-
-def moved_left(ids: torch.Tensor, attention: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (batch, length) ids and mask as the same rows padded on the left: each row's
-    tokens end at the last position."""
-    length = ids.shape[1]
-    source = torch.arange(length, device=ids.device)[None, :] - (length - attention.sum(dim=1))[:, None]
-    real = source >= 0
-    return ids.gather(1, source.clamp(min=0)).masked_fill(~real, pad_id), real.to(attention.dtype)
 
 
 class ImageTower:

@@ -130,3 +130,29 @@ def test_a_left_padding_feed_ends_every_row_at_the_last_position():
     full, mask = TextFeed(length=5, pad_id=PAD, left=True)(ids, attention)
     assert full.tolist() == [[0, 0, 5, 6, 7], [0, 0, 0, 5, 9]]
     assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1]]
+
+
+def test_a_pass_padded_past_the_table_is_moved_left_within_it():
+    ids = torch.tensor([[5, 6, 7, 8, 3, 3], [5, 9, 3, 3, 3, 3]])
+    attention = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]])
+    full, mask = padded_to(4, ids, attention, pad_id=1, left=True)
+    assert full.tolist() == [[5, 6, 7, 8], [1, 1, 5, 9]] and mask.tolist() == [[1, 1, 1, 1], [0, 0, 1, 1]]
+
+
+def test_the_image_processor_is_loaded_once_and_afresh_when_its_file_changes(siglip2, tmp_path):
+    """The description reads the processor's figures and the preparation runs it: one load a worker."""
+    import os
+    import shutil
+
+    from embedserve.handler.inputs.image import ImagePreparation
+    from embedserve.handler.model.files import describe_model
+    from embedserve.handler.model.image_processor import image_processor
+
+    folder = tmp_path / "again"
+    shutil.copytree(siglip2, folder)
+    positions = describe_model(folder).towers.image_positions
+    assert ImagePreparation(folder, positions).processor is image_processor(folder)
+    config = folder / "preprocessor_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "max_num_patches": 64}))
+    os.utime(config, ns=(config.stat().st_atime_ns, config.stat().st_mtime_ns + 1_000_000))
+    assert image_processor(folder).max_num_patches == 64 == describe_model(folder).towers.image_positions
