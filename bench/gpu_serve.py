@@ -190,9 +190,21 @@ class Sampler(threading.Thread):
 
 # --- the load ------------------------------------------------------------------------------------
 
+class OpenAIBody:
+    """A request's body on an OpenAI-style route: {"model": name, "input": texts}. A class, not a
+    lambda: the load processes receive it pickled."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __call__(self, texts: list[str]) -> dict:
+        return {"model": self.model, "input": texts}
+
+
 def _load_part(url: str, headers: dict, texts: list[str], tokens: list[int], clients: int, per_request: int,
-               warmup: float, seconds: float, start_at: float) -> dict:
-    """One load process's share of a shape (run in a process of its own)."""
+               warmup: float, seconds: float, start_at: float, body: OpenAIBody | None = None) -> dict:
+    """One load process's share of a shape (run in a process of its own); `body`: the request's
+    body from its texts (default: the native route's {"input": texts})."""
     uvloop = False
     try:
         import asyncio
@@ -205,7 +217,7 @@ def _load_part(url: str, headers: dict, texts: list[str], tokens: list[int], cli
     time.sleep(max(0.0, start_at - time.time()))
     cpu = time.process_time()
     result = run_load(url, headers, texts, tokens, concurrency=clients, texts_per_request=per_request,
-                      seconds=seconds, warmup_seconds=warmup)
+                      seconds=seconds, warmup_seconds=warmup, body=body)
     end = time.time()
     return {"clients": clients, "end": end, "start": end - result.seconds, "requests": result.requests,
             "texts": result.texts, "tokens": result.tokens, "errors": result.errors,
@@ -218,12 +230,13 @@ def split(clients: int, processes: int) -> list[int]:
 
 
 def run_shape(pool, url: str, headers: dict, texts: list[str], tokens: list[int], clients: int, per_request: int,
-              warmup: float, seconds: float, max_processes: int, sampler: Sampler, wait_s: float) -> dict:
+              warmup: float, seconds: float, max_processes: int, sampler: Sampler, wait_s: float,
+              body: OpenAIBody | None = None) -> dict:
     """One shape's figures; TimeoutError when its processes have not all answered within `wait_s`."""
     processes = max(1, min(max_processes, clients, math.ceil(clients / CLIENTS_PER_PROCESS)))
     start_at = time.time() + 0.5  # every process starts its clients at once
     pending = pool.starmap_async(_load_part, [(url, headers, texts, tokens, n, per_request, warmup, seconds,
-                                               start_at) for n in split(clients, processes)])
+                                               start_at, body) for n in split(clients, processes)])
     try:
         parts = pending.get(timeout=wait_s)
     except multiprocessing.TimeoutError:
@@ -264,7 +277,7 @@ def plan_seconds(left: float, shapes: int, warmup: float, seconds: float) -> flo
 
 def run_shapes(report: Report, shapes: list[tuple[int, int]], planned: int, workers: int, deadline: float,
                args: argparse.Namespace, pool_box: list, url: str, headers: dict, texts: list[str],
-               tokens: list[int], max_processes: int, sampler: Sampler) -> int:
+               tokens: list[int], max_processes: int, sampler: Sampler, body: OpenAIBody | None = None) -> int:
     """Each shape at the server's `workers`, its row in the report (or why it has none), within the
     deadline shared by the `planned` shapes left. How many were planned here."""
     for index, (clients, per_request) in enumerate(shapes):
@@ -280,7 +293,7 @@ def run_shapes(report: Report, shapes: list[tuple[int, int]], planned: int, work
         try:
             wait_s = min(args.warmup + seconds + 60, deadline - time.time() - STOP_RESERVE_S)
             row = {"workers": workers, **run_shape(pool_box[-1], url, headers, texts, tokens, clients, per_request,
-                                                   args.warmup, seconds, max_processes, sampler, wait_s)}
+                                                   args.warmup, seconds, max_processes, sampler, wait_s, body)}
         except Exception as err:  # a load process died or timed out: the next shape still runs
             pool_box[-1].terminate()
             pool_box.append(multiprocessing.get_context("spawn").Pool(max_processes))
@@ -307,6 +320,21 @@ def worker_point(management: tuple[str, dict], gpu: Gpu) -> dict:
     running = [w for version in answer.json() for w in version["workers"] if w.get("status") == "READY"]
     reading = gpu.sample()
     return {"workers": len(running), "gpu_mem_idle_mib": round(reading[1]) if reading else None}
+
+
+def wait_all_workers(management: tuple[str, dict], until: float) -> int:
+    """Wait until every worker the model was registered with is up: TorchServe is ready with its
+    first, and a shape measured while the others load (each capturing its CUDA graphs) would
+    count fewer. How many are up when it returns (by `until` at the latest)."""
+    url, headers = management
+    while True:
+        answer = requests.get(url, headers=headers, timeout=30)
+        answer.raise_for_status()
+        [described] = answer.json()[:1]
+        running = sum(worker.get("status") == "READY" for worker in described["workers"])
+        if running >= described.get("minWorkers", 1) or time.time() >= until:
+            return running
+        time.sleep(0.5)
 
 
 def scale_workers(management: tuple[str, dict], count: int, within_s: float) -> float:
@@ -345,8 +373,21 @@ def sizing(points: list[dict], shapes: list[dict], gpu: dict | None) -> dict:
             "workers_within_share": fit, "share": MEMORY_SHARE, "idle_mib": dict(idle), "peak_mib": peak}
 
 
-def run(args: argparse.Namespace) -> int:
+def parse_shapes(text: str, default: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:
+    """"64x1 64x32" as [(64, 1), (64, 32)] (clients x texts per request); `default` when empty."""
+    return [tuple(int(n) for n in shape.split("x")) for shape in text.split()] if text else list(default)
+
+
+def load_corpus(model: Path) -> tuple[list[str], list[int]]:
+    """The mixed corpus (4-256 tokens, median 36) by the model's tokenizer, and each text's tokens."""
     from embedserve.archive.corpus import load_tokenizer, mixed_corpus
+
+    tokenizer = load_tokenizer(model / "tokenizer.json")
+    texts = mixed_corpus(model / "tokenizer.json", 2048)
+    return texts, [len(tokenizer.encode(t).ids) for t in texts]
+
+
+def run(args: argparse.Namespace) -> int:
     from embedserve.scripts.serverctl import TorchServe
 
     signal.signal(signal.SIGTERM, _terminated)  # a time limit: record it, then stop the server (finally)
@@ -354,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
     deadline = args.deadline or began + 600
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split()] if args.shapes else list(SHAPES)
+    shapes = parse_shapes(args.shapes, SHAPES)
     max_processes = args.processes or max(1, (os.cpu_count() or 2) // 2)
     report = Report(out / "serving.json", device=args.device, budget_deadline=round(deadline, 1),
                     target={**TARGET, "shape": "256 clients, any texts per request", "met": None})
@@ -371,10 +412,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # The corpus and the load processes first: neither then takes from the server's time.
         report.phase("corpus")
-        model = Path(args.model)
-        tokenizer = load_tokenizer(model / "tokenizer.json")
-        texts = mixed_corpus(model / "tokenizer.json", 2048)
-        tokens = [len(tokenizer.encode(t).ids) for t in texts]
+        texts, tokens = load_corpus(Path(args.model))
         pool_box.append(multiprocessing.get_context("spawn").Pool(max_processes))
         report.phase("start")
         started = time.time()
@@ -411,9 +449,11 @@ def run(args: argparse.Namespace) -> int:
         sampler.start()
         report.data["shapes"] = []
         management = (f"{server.client_url('management')}/models/{args.name}", server.auth_if_on("management"))
+        wait_all_workers(management, min(deadline - STOP_RESERVE_S - 30, started + args.start_timeout))
+        report.data["startup"]["all_workers_s"] = round(time.time() - started, 2)
+        report.write()
         sweep = [int(n) for n in args.workers.split()]
-        sweep_shapes = [tuple(int(n) for n in s.split("x")) for s in args.sweep_shapes.split()] \
-            if args.sweep_shapes else list(SWEEP_SHAPES)
+        sweep_shapes = parse_shapes(args.sweep_shapes, SWEEP_SHAPES)
         planned = len(shapes) + len(sweep) * len(sweep_shapes)
         try:
             built = worker_point(management, gpu)

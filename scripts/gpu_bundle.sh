@@ -11,6 +11,8 @@
 #                                 all as setup.cfg pins them
 #   build/gpu/minilm-fp16.tar.xz  build/gpu/minilm-fp16 packed tighter than the folder, as
 #                                 scripts/gpu_travel.sh makes it (run here when missing)
+#   build/gpu/peer.tar            the peer's wheels for scripts/gpu_peer.sh: Infinity and what it
+#                                 needs beyond the machine's torch stack (bench/peer_requirements.txt)
 #
 # scripts/gpu_serve.sh unpacks both there. At the end this prints every size and the total of each
 # device call (the repository's files included) against the 64 MiB a call may carry.
@@ -98,13 +100,16 @@ fi
 # --- the wheels ---------------------------------------------------------------------------------
 download() {  # SPEC...: wheels for the GPU machine's Python on x86-64 Linux, no dependencies
     "$PY" -m pip download -q --no-deps --only-binary=:all: --disable-pip-version-check \
-        --python-version "$PYTHON_VERSION" --implementation cp --abi "cp${PYTHON_VERSION/./}" --abi none \
+        --python-version "$PYTHON_VERSION" --implementation cp --abi "cp${PYTHON_VERSION/./}" --abi abi3 --abi none \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform any -d "$WORK/download" "$@"
 }
 # (torch-model-archiver's one dependency, enum-compat, is for Python 2: installs go without it.)
 download "torchserve==$(pin torchserve)" "torch-model-archiver==$(pin torch-model-archiver)" "$ORJSON"
 cp "$WORK"/download/*.whl "$WORK/stage/wheels/"
+# The peer's wheels, a call of their own (wheels are zips already: a plain tar).
+(WORK=$WORK/peer && mkdir -p "$WORK/download" && download -r bench/peer_requirements.txt \
+    && tar -cf "$DIR/peer.tar" -C "$WORK/download" .) || die "downloading the peer's wheels failed"
 
 # TorchServe's frontend jar (45 MiB compressed, 101 MiB of files) also holds Groovy, JUnit,
 # TestNG, Ant, JavaParser, picocli, jline, QDox, protobuf types no TorchServe class reaches, and
@@ -174,11 +179,13 @@ size() { stat -c %s "$1"; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.2f MiB", b / 1048576 }'; }
 runtime=$(size "$DIR/runtime.tar.xz")
 model=$(size "$DIR/minilm-fp16.tar.xz")
+peer=$(size "$DIR/peer.tar")
 one_call=$((tree + runtime + model))
 echo >&2
 echo "repository files            $(mib "$tree")" >&2
 echo "build/gpu/runtime.tar.xz     $(mib "$runtime")" >&2
 echo "build/gpu/minilm-fp16.tar.xz $(mib "$model")" >&2
+echo "build/gpu/peer.tar           $(mib "$peer") (scripts/gpu_peer.sh's call: $(mib $((tree + peer))))" >&2
 echo "one call, all of them        $(mib "$one_call") of $(mib "$CALL_LIMIT")" >&2
 if ((one_call <= CALL_LIMIT)); then
     echo "fits one call: carry build/gpu/runtime.tar.xz and build/gpu/minilm-fp16.tar.xz (docs/gpu.md)" >&2

@@ -57,6 +57,7 @@ def test_serving_json_has_every_shape_without_errors(run):
     assert report["device"] == "cpu" and report["gpu"]["available"] is False
     assert report["versions"]["torchserve"] and report["versions"]["java"].startswith(("openjdk", "java"))
     assert report["startup"]["ready_s"] > 0 and report["startup"]["frontend_up_s"] <= report["startup"]["ready_s"]
+    assert report["startup"]["all_workers_s"] >= report["startup"]["ready_s"]
     assert [(row["clients"], row["texts_per_request"], row["workers"]) for row in report["shapes"]] == \
         [(*shape, 1) for shape in SHAPES] + [(*SWEEP["shape"], SWEEP["workers"])]
     for row in report["shapes"]:
