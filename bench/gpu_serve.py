@@ -46,6 +46,7 @@ CLIENTS_PER_PROCESS = 32
 SAMPLE_S = 0.25
 SHAPE_OVERHEAD_S = 3.0  # starting the processes, the last requests, the summary
 STOP_RESERVE_S = 25.0  # what `run` keeps of its deadline for stopping the server
+BATCH_RESERVE_S = 20.0  # what the shapes leave of the deadline for `embedserve batch` after them
 PACKAGES = ("torch", "transformers", "sentence-transformers", "tokenizers", "safetensors", "numpy", "orjson",
             "aiohttp", "uvloop", "nvidia-ml-py", "psutil", "torchserve", "torch-model-archiver")
 
@@ -312,6 +313,41 @@ def run_shapes(report: Report, shapes: list[tuple[int, int]], planned: int, work
     return len(shapes)
 
 
+def run_batch(server, args: argparse.Namespace, texts: list[str], sampler: Sampler, deadline: float) -> dict:
+    """`embedserve batch` as a user runs it against the server: a JSONL table of `--batch-texts`
+    texts (the corpus over and over), its concurrency sized from the server's workers and batch
+    size (the management API), results in input order. Its texts/s, and the cores and GPU over
+    its run."""
+    work = Path(args.workdir) / "batch"
+    work.mkdir(exist_ok=True)
+    table, results = work / "texts.jsonl", work / "vectors.jsonl"
+    results.unlink(missing_ok=True)
+    with table.open("w") as out:
+        for i in range(args.batch_texts):
+            out.write(json.dumps({"id": i, "text": texts[i % len(texts)]}) + "\n")
+    command = [sys.executable, "-m", "embedserve.batch", str(table), str(results), "--model", args.name,
+               "--url", server.client_url("inference"), "--management-url", server.client_url("management"),
+               "--progress", "none"]
+    if (Path(args.workdir) / "key_file.json").is_file():
+        command += ["--key-file", str(Path(args.workdir) / "key_file.json")]
+    limit = deadline - time.time() - STOP_RESERVE_S
+    began = time.time()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=max(1.0, limit))
+    except subprocess.TimeoutExpired:
+        return {"texts": args.batch_texts, "error": f"not done within the {limit:.0f} s left of the budget"}
+    end = time.time()
+    answered = sum(1 for _ in results.open()) if results.is_file() else 0
+    row = {"texts": args.batch_texts, "answered": answered, "exit": done.returncode,
+           "seconds": round(end - began, 2), "texts_per_s": round(answered / (end - began), 1),
+           "log_tail": (done.stdout + done.stderr).strip().splitlines()[-5:], **sampler.window(began, end)}
+    if done.returncode != 0 or answered != args.batch_texts:
+        row["error"] = f"exit {done.returncode}, {answered} of {args.batch_texts} answered"
+    print(f"embedserve batch of {args.batch_texts}: {row['texts_per_s']} texts/s in {row['seconds']} s, "
+          f"exit {done.returncode}", file=sys.stderr, flush=True)
+    return row
+
+
 def worker_point(management: tuple[str, dict], gpu: Gpu) -> dict:
     """The model's running workers (TorchServe's management API) and the GPU memory in use, idle."""
     url, headers = management
@@ -458,8 +494,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             built = worker_point(management, gpu)
             report.data["workers"] = [built]
-            ran = run_shapes(report, shapes, planned, built["workers"], deadline, args, pool_box, url, headers,
+            # The shapes leave the batch its time (100,000 texts at the H200's 7,212 texts/s: 14 s).
+            ran = run_shapes(report, shapes, planned, built["workers"],
+                             deadline - (BATCH_RESERVE_S if args.batch_texts else 0), args, pool_box, url, headers,
                              texts, tokens, max_processes, sampler)
+            if args.batch_texts:
+                report.phase(f"batch of {args.batch_texts}")
+                report.data["batch"] = run_batch(server, args, texts, sampler, deadline)
+                report.write()
+                if "error" in report.data["batch"]:
+                    report.fail(f"batch of {args.batch_texts}", report.data["batch"]["error"])
             for count in sweep:
                 report.phase(f"workers {count}")
                 try:
@@ -566,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=4.0, help="uncounted seconds of each shape first")
     parser.add_argument("--processes", type=int, default=0, help="load processes at most (0: half the CPUs)")
     parser.add_argument("--start-timeout", type=float, default=240.0, help="seconds until the model must embed")
+    parser.add_argument("--batch-texts", type=int, default=0,
+                        help="after the shapes, `embedserve batch` of this many texts (0: none)")
     args = parser.parse_args(argv)
     if args.action == "stop":
         return stop(args)

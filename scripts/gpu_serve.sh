@@ -2,7 +2,7 @@
 # End to end through TorchServe on a GPU machine without Java, network or TorchServe
 # (docs/gpu.md, "TorchServe there"):
 #
-#   scripts/gpu_serve.sh OUTDIR            unpack, install, build, serve, load, stop (200 s budget)
+#   scripts/gpu_serve.sh OUTDIR            unpack, install, build, serve, load, stop (220 s budget)
 #   scripts/gpu_serve.sh --stage-only      unpack and install only (the first of two calls)
 #
 # It needs what scripts/gpu_bundle.sh makes in build/gpu/: runtime.tar.xz (a Java runtime and the
@@ -18,8 +18,9 @@
 #              on a GPU: float16 on CUDA, two workers, graphs of packed passes), into a config of its own on free ports
 #   serve      python -m bench.gpu_serve: start TorchServe, then each load shape (1, 64 and 256
 #              clients of one-text requests, 256 clients of 32-text requests) with the GPU's
-#              utilisation and memory sampled; then, with GPU_SERVE_WORKERS, each worker count in
-#              turn with the sweep shapes and the GPU memory per worker; then stop it
+#              utilisation and memory sampled; then `embedserve batch` of GPU_SERVE_BATCH_TEXTS
+#              texts; then, with GPU_SERVE_WORKERS, each worker count in turn with the sweep
+#              shapes and the GPU memory per worker; then stop it
 #   stop       always, beyond the budget (30 s at most; a second when the serve step stopped the
 #              server): stop the server whatever happened, and kill what is left of it
 #
@@ -32,7 +33,7 @@
 # Without CUDA it runs the same steps in CPU mode, with the installed Java and $PY's TorchServe
 # unless a runtime archive is there: the dry run. Settings, from the environment:
 #
-#   GPU_SERVE_SECONDS=200           the whole run's budget (an H200 took 22 s to build, 35 s to be ready)
+#   GPU_SERVE_SECONDS=220           the whole run's budget (an H200 took 22 s to build, 35 s to be ready)
 #   GPU_SERVE_DEVICE=auto           auto, cuda or cpu
 #   GPU_SERVE_STAGE=/tmp/embedserve-gpu   where the archives are unpacked
 #   GPU_SERVE_RUNTIME=build/gpu/runtime.tar.xz      `installed`: Java and TorchServe as installed
@@ -40,6 +41,8 @@
 #   GPU_SERVE_SHAPES="1x1 64x1 256x1 64x32 256x32"  clients x texts per request
 #   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "2 4 12"), each
 #                                   running GPU_SERVE_SWEEP_SHAPES (default "256x1 64x32") again
+#   GPU_SERVE_BATCH_TEXTS=100000    after the shapes, `embedserve batch` of this many texts against the
+#                                   server (2000 in CPU mode; 0: none)
 #   GPU_SERVE_MPS=0                 1: the server's workers share the GPU through CUDA MPS (its control
 #                                   daemon started for the run, stopped after; serving.json's `mps` says
 #                                   whether it ran, or why not)
@@ -60,7 +63,7 @@ else
 fi
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
-BUDGET=${GPU_SERVE_SECONDS:-200}
+BUDGET=${GPU_SERVE_SECONDS:-220}
 DEVICE=${GPU_SERVE_DEVICE:-auto}
 STAGE=${GPU_SERVE_STAGE:-/tmp/embedserve-gpu}
 RUNTIME=${GPU_SERVE_RUNTIME:-build/gpu/runtime.tar.xz}
@@ -271,10 +274,12 @@ main() {
         # What `make serve` builds on a GPU machine (device and dtype auto resolve to these there; the
         # CPU-only parts of an auto build, the ONNX export and the bfloat16 check, are left out).
         BUILD_DEFAULTS="--device cuda --dtype float16"
+        BATCH_TEXTS=${GPU_SERVE_BATCH_TEXTS:-100000}
     else
         DEVICE=cpu
         # A quick CPU build for the dry run: PyTorch's engine, one worker, no checks.
         BUILD_DEFAULTS="--device cpu --dtype float32 --set engine=torch --workers 1 --skip-check"
+        BATCH_TEXTS=${GPU_SERVE_BATCH_TEXTS:-2000}
         # Here, unless the archive is there, the installed Java and TorchServe.
         [[ -f $RUNTIME || -x $STAGE/runtime/jre/bin/java ]] || RUNTIME=installed
     fi
@@ -292,7 +297,7 @@ main() {
             --seconds "${GPU_SERVE_SHAPE_SECONDS:-12}" --warmup "${GPU_SERVE_WARMUP_SECONDS:-4}" \
             --processes "${GPU_SERVE_PROCESSES:-0}" ${GPU_SERVE_SHAPES:+--shapes "$GPU_SERVE_SHAPES"} \
             ${GPU_SERVE_WORKERS:+--workers "$GPU_SERVE_WORKERS"} \
-            ${GPU_SERVE_SWEEP_SHAPES:+--sweep-shapes "$GPU_SERVE_SWEEP_SHAPES"}
+            ${GPU_SERVE_SWEEP_SHAPES:+--sweep-shapes "$GPU_SERVE_SWEEP_SHAPES"} --batch-texts "$BATCH_TEXTS"
     fi
     if [[ -f $WORK/config.properties ]]; then
         here stop "$STOP_LIMIT" timeout --kill-after=5 "$STOP_LIMIT" "$PY" -m bench.gpu_serve stop \

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 
 SHAPES = [(1, 1), (64, 1), (256, 1), (16, 32)]
 SWEEP = {"workers": 2, "shape": (16, 1)}  # the build's one worker scaled to two, one shape there
+BATCH_TEXTS = 600  # `embedserve batch` after the shapes (100,000 on a GPU)
 
 
 def _run(out: Path, stage: Path, timeout: float, **settings: str) -> subprocess.CompletedProcess:
@@ -36,7 +37,7 @@ def run(tmp_path_factory, tiny_model_dir) -> tuple[Path, subprocess.CompletedPro
     done = _run(out, tmp_path_factory.mktemp("stage"), 240, GPU_SERVE_MODEL=str(tiny_model_dir),
                 GPU_SERVE_SHAPES=" ".join(f"{c}x{t}" for c, t in SHAPES), GPU_SERVE_SECONDS="130",
                 GPU_SERVE_WORKERS=str(SWEEP["workers"]), GPU_SERVE_SWEEP_SHAPES="{}x{}".format(*SWEEP["shape"]),
-                GPU_SERVE_MPS="1",
+                GPU_SERVE_MPS="1", GPU_SERVE_BATCH_TEXTS=str(BATCH_TEXTS),
                 GPU_SERVE_SHAPE_SECONDS="2", GPU_SERVE_WARMUP_SECONDS="1")
     return out, done
 
@@ -88,3 +89,12 @@ def test_a_missing_model_stops_the_run_at_the_stage_step(tmp_path):
     report = json.loads((tmp_path / "out" / "serving.json").read_text())
     assert report["failed_step"] == "stage" and report["complete"] is False and report["mps"] == "off"
     assert [step["step"] for step in report["steps"]] == ["stage"]
+
+
+def test_embedserve_batch_runs_against_the_server_after_the_shapes(run):
+    """The bulk shape users send: `embedserve batch` of a table, every text answered, in order."""
+    report = json.loads((run[0] / "serving.json").read_text())
+    batch = report["batch"]
+    assert batch["exit"] == 0 and batch["answered"] == batch["texts"] == BATCH_TEXTS, batch
+    assert batch["texts_per_s"] > 0 and batch["seconds"] > 0 and "error" not in batch
+    assert "embedserve batch of 600" in run[1].stdout
