@@ -98,3 +98,15 @@ def test_embedserve_batch_runs_against_the_server_after_the_shapes(run):
     assert batch["exit"] == 0 and batch["answered"] == batch["texts"] == BATCH_TEXTS, batch
     assert batch["texts_per_s"] > 0 and batch["seconds"] > 0 and "error" not in batch
     assert "embedserve batch of 600" in run[1].stdout
+
+
+def test_the_sweep_plots_as_texts_per_second_against_workers(run, tmp_path):
+    """bench/plot_workers.py on the run's own serving.json: the shapes at the build's one worker, the
+    sweep's shape at two; no GPU busy figures here."""
+    from bench.plot_workers import main, sweep
+
+    report = json.loads((run[0] / "serving.json").read_text())
+    assert {shape: [point[0] for point in points] for shape, points in sweep(report).items()} == \
+        {**{shape: [1] for shape in SHAPES}, SWEEP["shape"]: [SWEEP["workers"]]}
+    assert main([str(run[0] / "serving.json"), "--out", str(tmp_path / "workers.png")]) == 0
+    assert (tmp_path / "workers.png").stat().st_size > 10_000
