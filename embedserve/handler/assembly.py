@@ -102,7 +102,7 @@ class Parts:
 
 def load(model_dir: str | Path, settings: Settings, placement: Placement, model_name: str) -> Parts:
     model = describe_model(model_dir).served_with(settings.pooling)
-    set_parallelism(placement.device.type == "cuda")  # a GPU worker's host cores idle while it computes
+    set_parallelism(placement.tokenizer_threads)  # a GPU worker's share of the host's cores
     scoring = model.scoring
     # A causal reranker's chat template needs the Hugging Face tokenizer itself: loaded once, for both.
     hf_tokenizer = AutoTokenizer.from_pretrained(model_dir) if scoring and scoring.chat else None

@@ -52,6 +52,9 @@ class Placement:
     cuda_graph_max_bytes: int = 0
     compile: bool = False
     packed: bool = False  # packed passes asked for (embedserve/handler/execution/select.py verifies them; torch engine)
+    # The Rust tokenizer's thread pool, on GPU workers: the worker's share of the host's cores (its
+    # workers share them); 0 on CPU, where the tokenizer runs on the calling thread.
+    tokenizer_threads: int = 0
 
     @property
     def int8(self) -> bool:
@@ -94,6 +97,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
         compile=settings.compile,
         packed=switch(settings.packed, on_gpu),
+        tokenizer_threads=max(1, cpus // max(1, workers)) if on_gpu else 0,
     )
 
 

@@ -24,12 +24,17 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from embedserve.handler.model.description import ModelFilesError
 
 
-def set_parallelism(enabled: bool) -> None:
-    """Whether the Rust tokenizer splits a batch over its own thread pool (process-wide; a
-    TOKENIZERS_PARALLELISM in the environment wins). A CPU worker owns one or two cores that
-    the model needs: there, a batch of short texts costs more in hand-offs between the pool's
-    threads than the pool saves (59 against 34 us a text, batches of 16 one-text requests)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if enabled else "false")
+def set_parallelism(threads: int) -> None:
+    """Whether the Rust tokenizer splits a batch over its own thread pool, and of how many threads
+    (0: none; process-wide, before the first batch; TOKENIZERS_PARALLELISM and RAYON_NUM_THREADS in
+    the environment win). A CPU worker owns one or two cores that the model needs: there, a batch
+    of short texts costs more in hand-offs between the pool's threads than the pool saves (59
+    against 34 us a text, batches of 16 one-text requests). A GPU worker's host cores idle while it
+    computes, but it shares them with the other workers on the host: left alone, the pool would
+    start a thread for every core in each of them (128 threads for 8 workers on 16 cores)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if threads else "false")
+    if threads:
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
 
 
 class Tokenized(NamedTuple):  # one an input: a named tuple costs a fraction of a frozen dataclass to make

@@ -2,6 +2,7 @@
 assigned, and the CPUs a cgroup allows."""
 
 import json
+import os
 from unittest import mock
 
 import pytest
@@ -127,3 +128,28 @@ def test_gemma_runs_in_bfloat16_on_a_gpu_whatever_its_checkpoint(tmp_path, model
     placement = resolve_placement(Settings(device="cuda"), gpu_id=0, workers=1, cuda_available=True,
                                   model_dir=tmp_path)
     assert placement.dtype == torch.bfloat16
+
+
+def test_a_gpu_worker_s_tokenizer_pool_is_its_share_of_the_host_s_cores(monkeypatch):
+    """Workers per GPU come from the host's cores; each one's tokenizer threads are its share of them."""
+    monkeypatch.setattr("embedserve.handler.execution.placement.available_cpus", lambda: 16)
+    assert resolve_placement(Settings(), gpu_id=0, workers=8, cuda_available=True).tokenizer_threads == 2
+    assert resolve_placement(Settings(), gpu_id=0, workers=32, cuda_available=True).tokenizer_threads == 1
+    assert resolve_placement(Settings(), gpu_id=None, workers=2, cuda_available=False).tokenizer_threads == 0
+
+
+def test_the_tokenizer_pool_is_set_before_the_first_batch_and_the_environment_wins(monkeypatch):
+    from embedserve.handler.model.tokenization import set_parallelism
+
+    for name in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS"):  # set, then removed: restored after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    set_parallelism(2)
+    assert (os.environ["TOKENIZERS_PARALLELISM"], os.environ["RAYON_NUM_THREADS"]) == ("true", "2")
+    monkeypatch.setenv("RAYON_NUM_THREADS", "6")
+    set_parallelism(3)
+    assert os.environ["RAYON_NUM_THREADS"] == "6"
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    monkeypatch.delenv("RAYON_NUM_THREADS")
+    set_parallelism(0)
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false" and "RAYON_NUM_THREADS" not in os.environ
