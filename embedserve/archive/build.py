@@ -30,7 +30,7 @@ from embedserve.archive.default_model import MODEL_ID as DEFAULT_MODEL_ID
 from embedserve.archive.default_model import NAME as DEFAULT_NAME
 from embedserve.archive.default_model import fetch_default_model
 from embedserve.archive.digest import sha256_files
-from embedserve.archive.gpu_workers import Sizing, machine_cores, size_for_gpus, size_workers
+from embedserve.archive.gpu_workers import Sizing, size_for_gpus, size_workers
 from embedserve.archive.metrics_config import write_metrics_config
 from embedserve.archive.native import native_note
 from embedserve.archive.onnx_export import export_onnx, export_towers_onnx
@@ -38,6 +38,7 @@ from embedserve.archive.smoke import SmokeError, check_model
 from embedserve.archive.stage import PICKLE_SUFFIXES, StageError, stage_model
 from embedserve.archive.swagger_ui import stage_assets
 from embedserve.archive.ts_config import read_properties, register_model, update_properties
+from embedserve.handler.execution.placement import available_cpus
 from embedserve.handler.tasks.embed import max_answer_bytes
 from embedserve.handler.backends.onnx_runtime import ONNX_FILE
 from embedserve.handler.tasks.score import scoring_answer_bytes
@@ -371,7 +372,7 @@ def _size_gpu_workers(args: argparse.Namespace, model_dir: Path, handler: dict, 
     from the host's cores, within the GPU's memory as a probe measures one worker's footprint
     (skipped with --skip-check: cores alone)."""
     if args.skip_check:
-        return size_workers(machine_cores(), gpus, why_not="--skip-check")
+        return size_workers(available_cpus(), gpus, why_not="--skip-check")
     return size_for_gpus(model_dir, handler, gpus)
 
 

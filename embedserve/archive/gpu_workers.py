@@ -23,13 +23,14 @@ prints the figures and records them in the handler section (`workers_sizing`), w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from embedserve.handler.execution.placement import available_cpus
 
 CORES_PER_WORKER = 2.0  # the H200 run's (3.03 + 0.98) cores over its 2 workers
 MIN_PER_GPU = 2  # host work of one beside the other's passes
@@ -74,17 +75,12 @@ def size_workers(cores: int, gpus: int, footprint_mib: int | None = None, memory
 
 def size_for_gpus(model_dir: Path, handler: dict[str, Any], gpus: int) -> Sizing:
     """This machine's sizing for the staged model: its cores, and the probe's footprint on GPU 0."""
-    cores = machine_cores()
+    cores = available_cpus()  # as each worker counts them (its tokenizer's share; a container's CPU limit)
     try:
         footprint, memory = measure_footprint(model_dir, handler)
     except ProbeError as err:
         return size_workers(cores, gpus, why_not=str(err))
     return size_workers(cores, gpus, footprint, memory)
-
-
-def machine_cores() -> int:
-    """The cores this process may run on (a container's share, not the host's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class ProbeError(RuntimeError):

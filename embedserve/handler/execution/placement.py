@@ -80,7 +80,8 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         raise ValueError("handler setting 'dtype': float16 is not supported on CPU; use float32 or bfloat16")
     # Workers are separate processes; split the cores between them instead of oversubscribing.
     cpus = available_cpus()
-    threads = 0 if on_gpu else settings.cpu_threads or max(1, cpus // max(1, workers))
+    share = max(1, cpus // max(1, workers))  # this worker's cores
+    threads = 0 if on_gpu else settings.cpu_threads or share
     lend = not on_gpu and settings.lend_idle_cpus and not settings.cpu_threads and cpus > threads
     max_batch_tokens = settings.max_batch_tokens or (GPU_BATCH_TOKENS if on_gpu else CPU_BATCH_TOKENS)
     if settings.cuda_graphs is True and not on_gpu:
@@ -97,7 +98,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         cuda_graph_max_bytes=settings.cuda_graph_max_mb * 2**20,
         compile=settings.compile,
         packed=switch(settings.packed, on_gpu),
-        tokenizer_threads=max(1, cpus // max(1, workers)) if on_gpu else 0,
+        tokenizer_threads=share if on_gpu else 0,
     )
 
 

@@ -61,7 +61,7 @@ def test_the_probe_runs_a_worker_s_largest_pass_and_holds_it(tiny_model_dir):
 def gpu_machine(monkeypatch):
     """A build machine with one GPU, whose probe measures 30 GB a worker of a 140 GB GPU."""
     monkeypatch.setattr(build, "_gpus", lambda args: 1)
-    monkeypatch.setattr(build, "machine_cores", lambda: 16)
+    monkeypatch.setattr(build, "available_cpus", lambda: 16)
     monkeypatch.setattr(build, "size_for_gpus", lambda model_dir, handler, gpus: size_workers(16, gpus, 30_000, 143_771))
 
 
