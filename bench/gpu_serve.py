@@ -337,7 +337,10 @@ def run_batch(server, args: argparse.Namespace, texts: list[str], sampler: Sampl
     except subprocess.TimeoutExpired:
         return {"texts": args.batch_texts, "error": f"not done within the {limit:.0f} s left of the budget"}
     end = time.time()
-    answered = sum(1 for _ in results.open()) if results.is_file() else 0
+    answered = 0
+    if results.is_file():  # 100,000 vectors: counted as it streams, not read whole
+        with results.open("rb") as lines:
+            answered = sum(1 for _ in lines)
     row = {"texts": args.batch_texts, "answered": answered, "exit": done.returncode,
            "seconds": round(end - began, 2), "texts_per_s": round(answered / (end - began), 1),
            "log_tail": (done.stdout + done.stderr).strip().splitlines()[-5:], **sampler.window(began, end)}
@@ -348,28 +351,30 @@ def run_batch(server, args: argparse.Namespace, texts: list[str], sampler: Sampl
     return row
 
 
-def worker_point(management: tuple[str, dict], gpu: Gpu) -> dict:
-    """The model's running workers (TorchServe's management API) and the GPU memory in use, idle."""
+def ready_workers(management: tuple[str, dict]) -> tuple[int, int]:
+    """(the model's workers that are up, the workers it was registered with): TorchServe's management API."""
     url, headers = management
     answer = requests.get(url, headers=headers, timeout=30)
     answer.raise_for_status()
-    running = [w for version in answer.json() for w in version["workers"] if w.get("status") == "READY"]
+    described = answer.json()
+    ready = sum(worker.get("status") == "READY" for version in described for worker in version["workers"])
+    return ready, described[0].get("minWorkers", 1)
+
+
+def worker_point(management: tuple[str, dict], gpu: Gpu) -> dict:
+    """The model's running workers and the GPU memory in use, idle."""
     reading = gpu.sample()
-    return {"workers": len(running), "gpu_mem_idle_mib": round(reading[1]) if reading else None}
+    return {"workers": ready_workers(management)[0], "gpu_mem_idle_mib": round(reading[1]) if reading else None}
 
 
 def wait_all_workers(management: tuple[str, dict], until: float) -> int:
     """Wait until every worker the model was registered with is up: TorchServe is ready with its
     first, and a shape measured while the others load (each capturing its CUDA graphs) would
     count fewer. How many are up when it returns (by `until` at the latest)."""
-    url, headers = management
     while True:
-        answer = requests.get(url, headers=headers, timeout=30)
-        answer.raise_for_status()
-        [described] = answer.json()[:1]
-        running = sum(worker.get("status") == "READY" for worker in described["workers"])
-        if running >= described.get("minWorkers", 1) or time.time() >= until:
-            return running
+        ready, registered = ready_workers(management)
+        if ready >= registered or time.time() >= until:
+            return ready
         time.sleep(0.5)
 
 
@@ -414,6 +419,14 @@ def parse_shapes(text: str, default: tuple[tuple[int, int], ...]) -> list[tuple[
     return [tuple(int(n) for n in shape.split("x")) for shape in text.split()] if text else list(default)
 
 
+def load_plan(args: argparse.Namespace) -> tuple[int, dict]:
+    """The load processes at most (`--processes`, else half the CPUs), and the load's settings as the report records them."""
+    processes = args.processes or max(1, (os.cpu_count() or 2) // 2)
+    return processes, {"max_processes": processes, "clients_per_process": CLIENTS_PER_PROCESS, "warmup_s": args.warmup,
+                       "seconds_asked": args.seconds, "cpu_count": os.cpu_count(),
+                       "corpus": "mixed (4-256 tokens, median 36), 2048 texts"}
+
+
 def load_corpus(model: Path) -> tuple[list[str], list[int]]:
     """The mixed corpus (4-256 tokens, median 36) by the model's tokenizer, and each text's tokens."""
     from embedserve.archive.corpus import load_tokenizer, mixed_corpus
@@ -432,14 +445,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = parse_shapes(args.shapes, SHAPES)
-    max_processes = args.processes or max(1, (os.cpu_count() or 2) // 2)
+    max_processes, load = load_plan(args)
     report = Report(out / "serving.json", device=args.device, budget_deadline=round(deadline, 1),
                     target={**TARGET, "shape": "256 clients, any texts per request", "met": None})
     gpu = Gpu()
-    report.data.update(versions=versions(), gpu=gpu.describe() or {"available": False, "why": gpu.why},
-                       load={"max_processes": max_processes, "clients_per_process": CLIENTS_PER_PROCESS,
-                             "warmup_s": args.warmup, "seconds_asked": args.seconds, "cpu_count": os.cpu_count(),
-                             "corpus": "mixed (4-256 tokens, median 36), 2048 texts"})
+    report.data.update(versions=versions(), gpu=gpu.describe() or {"available": False, "why": gpu.why}, load=load)
     report.write()
 
     server = TorchServe(Path(args.config), Path(args.workdir))

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import requests
 
-from bench.gpu_serve import (CLIENTS_PER_PROCESS, SHAPES, STOP_RESERVE_S, Gpu, OpenAIBody, Report, Sampler,
-                             _terminated, load_corpus, parse_shapes, run_shapes)
+from bench.gpu_serve import (SHAPES, STOP_RESERVE_S, Gpu, OpenAIBody, Report, Sampler, _terminated, load_corpus,
+                             load_plan, parse_shapes, run_shapes)
 
 PEER = "infinity"
 SERVED_NAME = "minilm"
@@ -120,16 +120,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shapes = parse_shapes(args.shapes, SHAPES)
-    max_processes = args.processes or max(1, (os.cpu_count() or 2) // 2)
+    max_processes, load = load_plan(args)
     env = peer_environment(args.pythonpath)
     report = Report(out / "peer.json", peer=PEER, device=args.device, dtype=args.dtype, batch_size=args.batch_size,
                     budget_deadline=round(deadline, 1))
     gpu = Gpu()
     report.data.update(versions=peer_versions(args.python, env),
                        gpu=gpu.describe() or {"available": False, "why": gpu.why},
-                       load={"max_processes": max_processes, "clients_per_process": CLIENTS_PER_PROCESS,
-                             "warmup_s": args.warmup, "seconds_asked": args.seconds, "cpu_count": os.cpu_count(),
-                             "corpus": "mixed (4-256 tokens, median 36), 2048 texts", "route": "OpenAI /embeddings"})
+                       load={**load, "route": "OpenAI /embeddings"})
     report.write()
     process = None
     pool_box: list = []
