@@ -361,9 +361,20 @@ def ready_workers(management: tuple[str, dict]) -> tuple[int, int]:
     return ready, described[0].get("minWorkers", 1)
 
 
-def worker_point(management: tuple[str, dict], gpu: Gpu) -> dict:
-    """The model's running workers and the GPU memory in use, idle."""
-    reading = gpu.sample()
+SETTLED_MIB = 64  # two readings a second apart within this: the GPU's memory has settled
+
+
+def worker_point(management: tuple[str, dict], gpu: Gpu, settle_s: float = 20.0) -> dict:
+    """The model's running workers and the GPU memory in use, idle, once it has settled: TorchServe
+    answers a synchronous scale-down before the stopped workers' processes have exited (on the H200
+    the memory read at once after 8 -> 2 was still the 8 workers')."""
+    reading, until = gpu.sample(), time.time() + settle_s
+    while reading and time.time() < until:
+        time.sleep(1.0)
+        later = gpu.sample()
+        if later is None or abs(later[1] - reading[1]) < SETTLED_MIB:
+            break
+        reading = later
     return {"workers": ready_workers(management)[0], "gpu_mem_idle_mib": round(reading[1]) if reading else None}
 
 
@@ -514,10 +525,19 @@ def run(args: argparse.Namespace) -> int:
                 report.write()
                 if "error" in report.data["batch"]:
                     report.fail(f"batch of {args.batch_texts}", report.data["batch"]["error"])
+            last_up_s = 0.0  # the last scale-up's seconds: what the next one needs at least
             for count in sweep:
                 report.phase(f"workers {count}")
+                left = deadline - time.time() - STOP_RESERVE_S
+                if count > report.data["workers"][-1]["workers"] and left < last_up_s:
+                    # A scale-up cut by the budget leaves TorchServe mid-start, and its stop fails.
+                    report.fail(f"workers {count}", f"skipped: {left:.0f} s left of the budget, "
+                                                    f"the last scale-up took {last_up_s:.0f} s")
+                    break
                 try:
-                    scaled = scale_workers(management, count, deadline - time.time() - STOP_RESERVE_S)
+                    scaled = scale_workers(management, count, left)
+                    if count > report.data["workers"][-1]["workers"]:
+                        last_up_s = scaled
                     point = {**worker_point(management, gpu), "scale_s": scaled}
                 except Exception as err:  # a scale that fails or runs out of time: the figures so far stand
                     report.fail(f"workers {count}", f"{type(err).__name__}: {err}")

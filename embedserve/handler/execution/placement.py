@@ -33,13 +33,20 @@ GPU_BATCH_TOKENS = 16384
 # GPU passes pad to a multiple of this (tensor-core tiles, fewer distinct shapes); CPU passes
 # pad only to their longest input.
 GPU_PAD_MULTIPLE = 8
+# torch's threads in a GPU worker unless `cpu_threads` says otherwise. torch's default is every core
+# of the host, in every worker: on an H200 with 16 cores, 4 engines in 4 processes each serving
+# batches of 8 requests of 32 texts made 10,709 texts/s together at 1,386 us of CPU a text, no more
+# than one alone (10,827), their idle OpenMP threads spinning on the cores the others needed; with
+# one thread each, 41,536 texts/s at 201 us (with 4, each one's share: 39,704 at 285 us).
+# bench/gpu_host_probe.py; bench/results/gpu_h200_run5/.
+GPU_TORCH_THREADS = 1
 
 
 @dataclass(frozen=True)
 class Placement:
     device: torch.device
     dtype: torch.dtype
-    cpu_threads: int  # 0 on GPU: torch's default is left alone
+    cpu_threads: int  # the threads of a CPU pass; 0 on GPU, where no pass runs on the CPU
     max_batch_tokens: int
     pad_multiple: int
     # CPUs among which this worker may borrow idle ones for small passes; 0: no lending.
@@ -55,6 +62,9 @@ class Placement:
     # The Rust tokenizer's thread pool, on GPU workers: the worker's share of the host's cores (its
     # workers share them); 0 on CPU, where the tokenizer runs on the calling thread.
     tokenizer_threads: int = 0
+    # torch's intra-op threads in this process: cpu_threads on a CPU; on a GPU, where torch's CPU
+    # work is the host's small steps (a batch's normalization, index arrays), one (GPU_TORCH_THREADS).
+    torch_threads: int = 0
 
     @property
     def int8(self) -> bool:
@@ -99,6 +109,7 @@ def resolve_placement(settings: Settings, gpu_id: int | None, workers: int, cuda
         compile=settings.compile,
         packed=switch(settings.packed, on_gpu),
         tokenizer_threads=share if on_gpu else 0,
+        torch_threads=(settings.cpu_threads or GPU_TORCH_THREADS) if on_gpu else threads,
     )
 
 
@@ -134,8 +145,8 @@ def apply_placement(placement: Placement) -> None:
     """Make this process what `placement` says, before anything is loaded: its GPU current (the
     model, streams and graphs then land there, not on GPU 0), its torch threads."""
     make_current(placement.device)
-    if placement.cpu_threads:
-        torch.set_num_threads(placement.cpu_threads)
+    if placement.torch_threads:
+        torch.set_num_threads(placement.torch_threads)
 
 
 def make_current(device: torch.device) -> None:

@@ -84,7 +84,7 @@ class EmbeddingHandler:
         log.info(
             "model %s ready: device=%s dtype=%s engine=%s threads=%d pooling=%s max_length=%d dimension=%d (%.1f s)",
             context.model_name, info["device"], info["model_dtype"], info["engine"],
-            self.service.encoder.placement.cpu_threads, info["pooling"], info["max_input_length"],
+            self.service.encoder.placement.torch_threads, info["pooling"], info["max_input_length"],
             info["embedding_dimension"], time.perf_counter() - started,
         )
 

@@ -153,3 +153,25 @@ def test_the_tokenizer_pool_is_set_before_the_first_batch_and_the_environment_wi
     monkeypatch.delenv("RAYON_NUM_THREADS")
     set_parallelism(0)
     assert os.environ["TOKENIZERS_PARALLELISM"] == "false" and "RAYON_NUM_THREADS" not in os.environ
+
+
+def test_a_gpu_worker_runs_torch_on_one_thread_unless_told(monkeypatch):
+    """torch's default, every core in every GPU worker, let idle OpenMP threads spin on the cores the
+    other workers needed (bench/gpu_host_probe.py on an H200): one thread, or what cpu_threads says."""
+    monkeypatch.setattr("embedserve.handler.execution.placement.available_cpus", lambda: 16)
+    gpu = resolve_placement(Settings(), gpu_id=0, workers=8, cuda_available=True)
+    assert (gpu.torch_threads, gpu.cpu_threads) == (1, 0)
+    assert resolve_placement(Settings(cpu_threads=3), gpu_id=0, workers=8, cuda_available=True).torch_threads == 3
+    assert resolve_placement(Settings(), gpu_id=None, workers=2, cuda_available=False).torch_threads == 8
+
+
+def test_placement_applies_its_torch_threads(monkeypatch):
+    from embedserve.handler.execution.placement import apply_placement
+
+    monkeypatch.setattr("embedserve.handler.execution.placement.available_cpus", lambda: 16)
+    gpu = resolve_placement(Settings(), gpu_id=0, workers=8, cuda_available=True)
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr("embedserve.handler.execution.placement.make_current", lambda device: None)
+    apply_placement(gpu)
+    assert calls == [1]
