@@ -39,7 +39,7 @@
 #   GPU_SERVE_RUNTIME=build/gpu/runtime.tar.xz      `installed`: Java and TorchServe as installed
 #   GPU_SERVE_MODEL=build/gpu/minilm-fp16.tar.xz    an archive of one model folder, or a folder
 #   GPU_SERVE_SHAPES="1x1 64x1 256x1 64x32 256x32"  clients x texts per request
-#   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "2 4 12"), each
+#   GPU_SERVE_WORKERS=""            worker counts to scale to after the shapes (e.g. "12 4 2": up by the fewest new workers first), each
 #                                   running GPU_SERVE_SWEEP_SHAPES (default "256x1 64x32") again
 #   GPU_SERVE_BATCH_TEXTS=100000    after the shapes, `embedserve batch` of this many texts against the
 #                                   server (2000 in CPU mode; 0: none)
