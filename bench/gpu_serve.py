@@ -76,6 +76,16 @@ class Report:
 
 # --- versions -------------------------------------------------------------------------------------
 
+def offered_tensorrt() -> dict:
+    """What the machine offers a TensorRT engine (bench/gpu/tensorrt.py), or why that is unknown."""
+    try:
+        from bench.gpu.tensorrt import tensorrt_offer
+
+        return tensorrt_offer()
+    except Exception as err:  # onnxruntime missing or broken: recorded, the run goes on
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
 def versions() -> dict:
     found: dict = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -460,7 +470,8 @@ def run(args: argparse.Namespace) -> int:
     report = Report(out / "serving.json", device=args.device, budget_deadline=round(deadline, 1),
                     target={**TARGET, "shape": "256 clients, any texts per request", "met": None})
     gpu = Gpu()
-    report.data.update(versions=versions(), gpu=gpu.describe() or {"available": False, "why": gpu.why}, load=load)
+    report.data.update(versions=versions(), gpu=gpu.describe() or {"available": False, "why": gpu.why}, load=load,
+                       tensorrt=offered_tensorrt())
     report.write()
 
     server = TorchServe(Path(args.config), Path(args.workdir))

@@ -48,7 +48,8 @@ from embedserve.archive.corpus import mixed_corpus
 from bench.gpu.common import TORCHSERVE_BATCH, mode_name, progress
 from bench.gpu.correctness import adversarial, compare, embed_batches, mode_correctness
 from bench.gpu.engines import Bench, PeakMemory, mib, release
-from bench.gpu.environment import environment, peak_flops, sdpa_runs, tensorrt_offer, tokenizer_threads
+from bench.gpu.environment import environment, peak_flops, sdpa_runs, tokenizer_threads
+from bench.gpu.tensorrt import tensorrt_offer
 from bench.gpu.models import default_model, describe, pick_models, write_fp16_copy
 from bench.gpu.report import check_targets, checkpointer, plot, write_atomically
 from bench.gpu.speed import handle, latency, packed_against_padded, saturation

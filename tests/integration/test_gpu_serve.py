@@ -57,6 +57,8 @@ def test_serving_json_has_every_shape_without_errors(run):
     assert report["complete"] and report["failed_step"] is None and not report["errors"], report.get("errors")
     assert report["device"] == "cpu" and report["gpu"]["available"] is False
     assert report["versions"]["torchserve"] and report["versions"]["java"].startswith(("openjdk", "java"))
+    # What the machine offers a TensorRT engine (issue: recorded in every GPU run's JSON).
+    assert report["tensorrt"]["onnxruntime_providers"] and report["tensorrt"]["onnxruntime_tensorrt"] is False
     assert report["startup"]["ready_s"] > 0 and report["startup"]["frontend_up_s"] <= report["startup"]["ready_s"]
     assert report["startup"]["all_workers_s"] >= report["startup"]["ready_s"]
     assert [(row["clients"], row["texts_per_request"], row["workers"]) for row in report["shapes"]] == \
