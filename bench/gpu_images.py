@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from bench.gpu.common import progress
+from bench.gpu.common import library_threads, progress
 from bench.gpu.correctness import compare
 from bench.image_corpus import document_pages, photographs
 from embedserve.handler.api.exchange import RawRequest
@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 files = corpora["clip" if name == "clip" else "pages"]
                 ours, vectors = served(model_dir, name, files, device)
                 reference = clip_reference if name == "clip" else pages_reference
-                theirs, want = reference(model_dir, files, device, len(vectors))
+                with library_threads():  # the library at torch's default threads, as its users run it
+                    theirs, want = reference(model_dir, files, device, len(vectors))
                 report["models"][name] = {"handler": ours, "reference": theirs,
                                           "min_cosine_to_float32": least_cosine(vectors, want),
                                           "handler_over_reference": round(ours["images_per_s"]

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from embedserve.archive.corpus import load_tokenizer, text_of_length, vocabulary_words
-from bench.gpu.common import ST_BATCH_SIZES, TORCHSERVE_BATCH
+from bench.gpu.common import ST_BATCH_SIZES, TORCHSERVE_BATCH, library_threads
 from bench.inprocess import flops_per_token
 from embedserve.handler.api.exchange import RawRequest
 from embedserve.handler.service import EmbeddingService
@@ -134,6 +134,12 @@ def packed_against_padded(packed: dict[str, EmbeddingService], padded: dict[str,
 
 def sentence_transformers_encode(model_dir: Path, texts: list[str], device: str, dtype: str,
                                  best_of: int) -> tuple[dict, np.ndarray]:
+    with library_threads():
+        return _sentence_transformers_encode(model_dir, texts, device, dtype, best_of)
+
+
+def _sentence_transformers_encode(model_dir: Path, texts: list[str], device: str, dtype: str,
+                                  best_of: int) -> tuple[dict, np.ndarray]:
     from sentence_transformers import SentenceTransformer
 
     # Loaded in the dtype asked for (transformers otherwise keeps the stored one), and cast to be sure.
