@@ -55,9 +55,9 @@ NOT_RUN = [
            "needs a container runtime, a registry, a cluster or cloud storage, or builds the image for minutes; "
            "tests/integration/test_image.py builds the image with `make image` and runs it with podman, and "
            "tests/integration/test_deploy.py checks the manifests and the entry point offline"),
-    NotRun("docs/gpu.md", r"make bench-gpu|gpu_run\.sh|/tmp/jre",
-           "needs a GPU machine, or runs the GPU benchmark for minutes; tests/integration/test_bench_gpu.py and "
-           "test_gpu_run.py run its CPU mode"),
+    NotRun("docs/gpu.md", r"make bench-gpu|gpu_run\.sh|/tmp/jre|gpu_host_probe",
+           "needs a GPU machine, or runs the GPU benchmark for minutes; tests/integration/test_bench_gpu.py, "
+           "test_gpu_run.py and test_gpu_host_probe.py run their CPU mode"),
     NotRun("docs/performance.md", r"make (bench|bench-gpu|loadtest)\b|locust|bench\.overlap",
            "benchmarks and load tests take 1 to 35 minutes of full load; tests/integration/test_bench.py, "
            "test_bench_overlap.py and test_loadtest.py run short ones"),
