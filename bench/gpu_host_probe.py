@@ -27,11 +27,13 @@ import threading
 import time
 from pathlib import Path
 
-# name: (read-back, torch's CPU threads; 0 = as served: torch's default, every core).
-# "spin" is .cpu() as served; "blocking" waits on a blocking CUDA event first (the CPU sleeps).
-VARIANTS = {"served": ("spin", 0), "threads-share": ("spin", -1), "threads-1": ("spin", 1),
-            "share-blocking": ("blocking", -1)}
-SOLO = ("served", "threads-share")
+# name: (read-back, torch's CPU threads). The threads: "default" is torch's own, every core (what
+# a GPU worker ran before placement's GPU_TORCH_THREADS; run 5's "served"), "served" what the
+# engine's placement set, "share" the cores over the processes. The read-back: "spin" is .cpu() as
+# served; "blocking" waits on a blocking CUDA event first (the CPU sleeps).
+VARIANTS = {"torch-default": ("spin", "default"), "served": ("spin", "served"), "threads-share": ("spin", "share"),
+            "share-blocking": ("blocking", "share")}
+SOLO = ("torch-default", "served")
 
 
 def _requests(texts, per: int, count: int):
@@ -44,21 +46,24 @@ def _requests(texts, per: int, count: int):
     return out
 
 
-def _use(name: str, share: int, default_threads: int) -> None:
+def _blocking_to_host(vectors):
     import torch
-    variant, threads = VARIANTS[name]
-    torch.set_num_threads({0: default_threads, -1: share}.get(threads, threads))
+
+    if vectors.device.type == "cpu":
+        return vectors
+    done = torch.cuda.Event(blocking=True)
+    done.record()
+    done.synchronize()
+    return vectors.cpu()
+
+
+def _use(name: str, threads: dict[str, int], served_to_host) -> None:
+    import torch
     from embedserve.handler.execution.encoder import Encoder
 
-    def blocking(vectors):
-        if vectors.device.type == "cpu":
-            return vectors
-        done = torch.cuda.Event(blocking=True)
-        done.record()
-        done.synchronize()
-        return vectors.cpu()
-
-    Encoder.to_host = staticmethod(blocking) if variant == "blocking" else Encoder.__dict__["_served_to_host"]
+    read_back, count = VARIANTS[name]
+    torch.set_num_threads(threads[count])
+    Encoder.to_host = staticmethod(_blocking_to_host if read_back == "blocking" else served_to_host)
 
 
 def child(rank, args, barrier, results):
@@ -68,7 +73,8 @@ def child(rank, args, barrier, results):
     from embedserve.handler.execution.encoder import Encoder
     from embedserve.handler.settings import Settings
 
-    Encoder._served_to_host = Encoder.__dict__["to_host"]
+    served_to_host = Encoder.to_host
+    default_threads = torch.get_num_threads()  # before the placement sets the engine's
     model = Path(args.model)
     texts = mixed_corpus(model / "tokenizer.json", 2048)
     started = time.perf_counter()
@@ -78,12 +84,13 @@ def child(rank, args, barrier, results):
     engine.handle_with_report(batch)
     mine = {"rank": rank, "startup_s": round(time.perf_counter() - started, 1), "phases": {}}
     phases = [("solo-" + v, v) for v in SOLO] + [("all-" + v, v) for v in VARIANTS]
-    default_threads, share = torch.get_num_threads(), max(1, os.cpu_count() // args.procs)
+    threads = {"default": default_threads, "served": torch.get_num_threads(),
+               "share": max(1, os.cpu_count() // args.procs)}
     for name, variant in phases:
         barrier.wait()
         if name.startswith("solo") and rank:
             continue
-        _use(variant, share, default_threads)
+        _use(variant, threads, served_to_host)
         stages, done, cpu0, t0, epoch = {}, 0, time.process_time(), time.perf_counter(), time.time()
         while time.perf_counter() - t0 < args.seconds:
             _, report = engine.handle_with_report(batch)
@@ -97,7 +104,7 @@ def child(rank, args, barrier, results):
                                 "stage_us_per_text": {k[:-3]: round(v * 1e3 / n, 1) for k, v in stages.items()}}
     barrier.wait()
     if rank == 0:
-        _use("served", share, default_threads)
+        _use("served", threads, served_to_host)
         profile = cProfile.Profile()
         profile.enable()
         for _ in range(3):
@@ -106,7 +113,7 @@ def child(rank, args, barrier, results):
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(25)
         mine["profile"] = text.getvalue()[:6000]
-        mine["threads"] = {"torch": torch.get_num_threads(), "RAYON_NUM_THREADS": os.environ.get("RAYON_NUM_THREADS")}
+        mine["threads"] = {**threads, "RAYON_NUM_THREADS": os.environ.get("RAYON_NUM_THREADS")}
     results.put(mine)
 
 

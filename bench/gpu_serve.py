@@ -540,14 +540,15 @@ def run(args: argparse.Namespace) -> int:
             for count in sweep:
                 report.phase(f"workers {count}")
                 left = deadline - time.time() - STOP_RESERVE_S
-                if count > report.data["workers"][-1]["workers"] and left < last_up_s:
+                up = count > report.data["workers"][-1]["workers"]
+                if up and left < last_up_s:
                     # A scale-up cut by the budget leaves TorchServe mid-start, and its stop fails.
                     report.fail(f"workers {count}", f"skipped: {left:.0f} s left of the budget, "
                                                     f"the last scale-up took {last_up_s:.0f} s")
                     break
                 try:
                     scaled = scale_workers(management, count, left)
-                    if count > report.data["workers"][-1]["workers"]:
+                    if up:
                         last_up_s = scaled
                     point = {**worker_point(management, gpu), "scale_s": scaled}
                 except Exception as err:  # a scale that fails or runs out of time: the figures so far stand

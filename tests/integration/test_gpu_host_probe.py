@@ -18,8 +18,8 @@ def test_every_phase_comes_back_with_its_figures(tiny_model_dir, tmp_path):
     done = _probe(tiny_model_dir, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "host_probe.json").read_text())
-    assert set(report["summary"]) == {"solo-served", "solo-threads-share", "all-served", "all-threads-share",
-                                      "all-threads-1", "all-share-blocking"}
+    assert set(report["summary"]) == {"solo-torch-default", "solo-served", "all-torch-default", "all-served",
+                                      "all-threads-share", "all-share-blocking"}
     for name, row in report["summary"].items():
         assert row["procs"] == (1 if name.startswith("solo") else 2)
         assert row["texts_per_s"] > 0 and row["cpu_us_per_text"] > 0
