@@ -6,14 +6,18 @@ computes nothing, in one TorchServe, at the same settings.
 Both models get the default build's TorchServe settings (workers, batch size, delay). The
 closed-loop client sends one short text per request; the tiny random BERT (hidden 32, 2 layers)
 makes the forward pass nearly free, so what is left is the handler's own work per request and
-TorchServe's. The two are measured alternately, REPEATS times each, and the median run of each
-is kept: `ratio` is the handler's requests/s over the no-op handler's.
+TorchServe's. A third archive, the same tiny model built with `own_worker_loop=false`, keeps
+TorchServe's Python worker loop, which the default build's workers leave after their first batch
+(embedserve/handler/torchserve/wire.py). The three are measured in turns, REPEATS times each, and
+the median run of each is kept: `ratio` is the handler's requests/s over the no-op handler's.
 
 Throughput on a shared 2-core machine moves with whatever else runs; the CPU each request costs
 moves less. Each run also reads the kernel's CPU counters (user + system) of the model's worker
 processes and of the frontend around the load: `worker_cpu_us` and `frontend_cpu_us` a request.
-The handler's own share is the project's workers' figure less the no-op's (`handler_cpu_us`):
-both pay TorchServe's protocol, its JSON decoding of the body and its metrics.
+The handler's own share is the project's workers' figure less the no-op's (`handler_cpu_us`, and
+`handler_cpu_us_torchserve_loop` for the third archive): the no-op runs in TorchServe's loop, so
+both pay TorchServe's JSON decoding of the body and its metrics, and the first also what the
+worker's own loop saves or costs against TorchServe's.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import yaml
 
 from embedserve.archive.build import main as build_main
 from embedserve.archive.ts_config import read_properties, register_model
+from embedserve.handler.worker.cpu_features import describe_cpu
 from bench.load import WARMUP_SECONDS, run_load, warm_up
 from bench.serving import server_cpu_seconds
 from embedserve.scripts.serverctl import TorchServe, isolated_config
@@ -41,6 +46,8 @@ from tests.support.tiny_model import WORDS, make_tiny_model
 REPO = Path(__file__).resolve().parent.parent
 REPEATS = 3
 TINY_DIMENSION = 32
+# The tiny model served in TorchServe's own worker loop, beside the default build's.
+TORCHSERVE_LOOP = "tinyts"
 
 
 def short_texts(count: int = 512, words: int = 8) -> list[str]:
@@ -71,13 +78,16 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
         if build_main(["--model", str(model), "--name", "tiny", "--export-path", str(store), "--config", str(config),
                        *build_args]) != 0:
             raise SystemExit("building the tiny archive failed")
+        if build_main(["--model", str(model), "--name", TORCHSERVE_LOOP, "--export-path", str(store), "--config",
+                       str(config), *build_args, "--set", "own_worker_loop=false"]) != 0:
+            raise SystemExit("building the tiny archive on TorchServe's loop failed")
         settings = _entry(config, "tiny")
         build_noop(config, store, settings)
         server = TorchServe(config, root)
         server.start()
         try:
             server.wait_ready(timeout=600)
-            urls = {name: f"{server.url('inference')}/predictions/{name}" for name in ("tiny", "noop")}
+            urls = {name: f"{server.url('inference')}/predictions/{name}" for name in ("tiny", TORCHSERVE_LOOP, "noop")}
             for url in urls.values():  # the frontend's JIT and the workers' first batches
                 warm_up(url, server.auth(), texts, tokens, seconds={clients: WARMUP_SECONDS[64]})
             runs: dict[str, list[dict]] = {name: [] for name in urls}
@@ -105,6 +115,9 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
                         **{key: statistics.median_low([r[key] for r in name_runs]) for key in ("worker_cpu_us", "frontend_cpu_us")}}
     result["ratio"] = round(result["tiny"]["requests_per_s"] / result["noop"]["requests_per_s"], 3)
     result["handler_cpu_us"] = round(result["tiny"]["worker_cpu_us"] - result["noop"]["worker_cpu_us"], 1)
+    result["handler_cpu_us_torchserve_loop"] = round(
+        result[TORCHSERVE_LOOP]["worker_cpu_us"] - result["noop"]["worker_cpu_us"], 1)
+    result["cpu"] = describe_cpu()
     return result
 
 

@@ -73,7 +73,9 @@ def server(tmp_path_factory, tiny_model_dir) -> TorchServe:
             "--batch-size", str(TINY_BATCH_SIZE), "--max-batch-delay", str(TINY_BATCH_DELAY_MS)]
     # The default model, exactly as `./build_mar.sh` with no model argument builds it.
     minilm = ["--workers", "1", "--batch-size", "16"]
-    packed = ["--model", str(tiny_model_dir), "--name", "tinypacked", "--workers", "1", "--set", "packed=true"]
+    # tinypacked also keeps TorchServe's own worker loop, which tiny and minilm leave after their first batch.
+    packed = ["--model", str(tiny_model_dir), "--name", "tinypacked", "--workers", "1", "--set", "packed=true",
+              "--set", "own_worker_loop=false"]
     with serving(tmp_path_factory.mktemp("torchserve"), tiny, minilm, packed) as ts:
         yield ts
 

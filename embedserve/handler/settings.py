@@ -75,6 +75,10 @@ class Settings:
     lend_idle_cpus: bool = True
     # Run one embedding in initialize so a READY worker has really embedded.
     warmup: bool = True
+    # From its first batch on, a worker reads batches from the server's socket and answers them
+    # itself, in large reads and one write a batch (the adapter's wire.py), instead of through
+    # the server's own Python loop; false keeps the server's loop.
+    own_worker_loop: bool = True
     # Truncate inputs longer than max_length (a request may override it with `truncate`);
     # when off, a longer input is refused with 413.
     truncate: bool = True

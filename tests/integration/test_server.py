@@ -179,6 +179,60 @@ def test_prometheus_metrics_are_exposed(server):
     predict(server, {"input": "count me"})
     text = requests.get(f"{server.url('metrics')}/metrics", timeout=30).text
     assert 'ts_inference_requests_total{model_name="tiny"' in text
+    # TorchServe's own metric of each batch, which the worker's own loop records as TorchServe's did.
+    assert any(line.startswith("PredictionTime{") and 'ModelName="tiny"' in line for line in text.splitlines())
+
+
+# What each request below should get, from either worker loop: (body, content type, path, GET?).
+LOOP_CASES = [
+    ({"input": ["loop one", "loop two"]}, "application/json", "", False),
+    ("a plain text \u00e9t\u00e9", "text/plain", "", False),
+    ({"input": "openai shape", "model": "tiny"}, "application/json", "v1/embeddings", False),
+    ({"inputs": "tei shape"}, "application/json", "embed", False),
+    (b'{"input": "unterminated', "application/json", "", False),
+    (b'"a json string"', "application/json", "", False),
+    (b"null", "application/json", "", False),
+    ({"input": ["text", 3]}, "application/json", "", False),
+    ({"input": "x"}, "application/json", "no/such/route", False),
+    (None, None, "info", True),
+]
+
+
+def _loop_answer(server, model, body, content_type, path, get):
+    url = f"{server.url('inference')}/predictions/{model}" + (f"/1.0/{path}" if path else "")
+    if get:
+        return requests.get(url, headers=server.auth(), timeout=60)
+    data = body if isinstance(body, bytes) else body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    return requests.post(url, data=data, headers={"Content-Type": content_type, **server.auth()}, timeout=60)
+
+
+def test_the_worker_s_own_loop_answers_as_torchserve_s_loop(server):
+    """tiny's worker reads and answers its batches itself from its second batch on (the default,
+    own_worker_loop); tinypacked's stays in TorchServe's loop. Each request, alone and in one
+    concurrent batch, gets the same status, headers and answer from both."""
+    for model in ("tiny", "tinypacked"):  # past each worker's first batch
+        predict(server, {"input": "first"}, model=model)
+    alone = {model: [_loop_answer(server, model, *case) for case in LOOP_CASES] for model in ("tiny", "tinypacked")}
+    together = {model: concurrently([lambda case=case, model=model: _loop_answer(server, model, *case)
+                                     for case in LOOP_CASES]) for model in ("tiny", "tinypacked")}
+    for answers in (alone, together):
+        for case, ours, theirs in zip(LOOP_CASES, answers["tiny"], answers["tinypacked"]):
+            assert ours.status_code == theirs.status_code, case
+            assert ours.headers["content-type"] == theirs.headers["content-type"], case
+            assert {h for h in ours.headers if h.startswith(("x-", "retry", "allow", "server-timing"))} == \
+                {h for h in theirs.headers if h.startswith(("x-", "retry", "allow", "server-timing"))}, case
+            if ours.status_code != 200:
+                assert ours.json() == theirs.json(), case
+            elif case[2] == "info":  # the two models differ in name and packing
+                assert ours.json().keys() == theirs.json().keys()
+            else:
+                assert np.allclose(vectors(ours) if case[2] != "embed" else ours.json(),
+                                   vectors(theirs) if case[2] != "embed" else theirs.json(), atol=1e-5), case
+    assert alone["tiny"][0].status_code == 200 and {r.status_code for r in alone["tiny"][4:9]} == {400, 404}
+    time.sleep(2)  # the frontend writes its logs asynchronously
+    lines = [line for path in server.logs.rglob("*.log") for line in path.read_text(errors="replace").splitlines()
+             if "reads and answers its batches itself" in line]
+    assert any("-tiny_" in line for line in lines) and not any("-tinypacked_" in line for line in lines), lines
 
 
 # --- TEI routes, options and limits through the real server -------------------------------------

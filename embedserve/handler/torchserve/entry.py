@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import replace
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ts.context import Context
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
+from ts.service import PREDICTION_METRIC
 
 from embedserve.handler.assembly import assemble
 from embedserve.handler.execution.device_errors import DeviceFailure
@@ -27,6 +29,7 @@ from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
 from embedserve.handler.torchserve.frontend import answer_limit, frontend_max_response_size
 from embedserve.handler.torchserve.profile import TORCHSERVE
+from embedserve.handler.torchserve.wire import FrameReader, FrontendGone, UnexpectedCommand, WireRequest, answer_frame
 from embedserve.handler.worker.allocator import FreedMemory, pin_mmap_threshold
 from embedserve.handler.worker.busy import BusyMark
 from embedserve.handler.worker.failures import log_failure
@@ -44,6 +47,9 @@ DEFAULT_RESPONSE_TIMEOUT_S = 120
 # The format of the line TorchServe's backend logs as each batch arrives (ts/protocol/otf_message_handler.py).
 RECEIVED_LINE = "Backend received inference at: %d"
 
+# Logged once, as a worker leaves TorchServe's loop for its own.
+OWN_LOOP_LINE = "the worker reads and answers its batches itself from here on (own_worker_loop)"
+
 METRIC_TYPES = {"counter": MetricTypes.COUNTER, "histogram": MetricTypes.HISTOGRAM}
 
 
@@ -56,6 +62,7 @@ class EmbeddingHandler:
         self.freed_memory = FreedMemory()
         self.metrics = MetricBuffer(self._send_metrics)
         self.context: Context | None = None  # the latest batch's, which metric lines are sent through
+        self.own_loop = False
 
     def initialize(self, context: Context) -> None:
         started = time.perf_counter()
@@ -79,6 +86,8 @@ class EmbeddingHandler:
             model_version=str((context.manifest or {}).get("model", {}).get("modelVersion") or "1.0"),
         )
         self.busy = BusyMark()
+        # Not under torchrun's ranks: there only rank 0 answers, in TorchServe's loop.
+        self.own_loop = settings.own_worker_loop and str(os.environ.get("LOCAL_RANK", 0)) == "0"
         self.initialized = True
         info = self.service.info()
         log.info(
@@ -90,14 +99,43 @@ class EmbeddingHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Context) -> list[bytes]:
         started = time.perf_counter()
+        raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
+        sock = getattr(context, "cl_socket", None)
+        if self.own_loop and sock is not None:
+            self._serve(sock, context, [context.request_ids[idx] for idx in range(len(raw))], raw, started)
         with self.busy.held():  # a stopping server waits for this batch's answers
-            responses = self._handle(data, context)
-        self._reply(responses, context, handler_ms=(time.perf_counter() - started) * 1000)
+            responses = self._handle(raw, context)
+        _close_timing(responses, started)
+        self._reply(responses, context)
         self.freed_memory.release()  # in the background, while TorchServe sends the answers
         return [response.body for response in responses]
 
-    def _handle(self, data: list[dict[str, Any]], context: Context) -> list[Response]:
-        raw = [_raw_request(row, idx, context) for idx, row in enumerate(data)]
+    def _serve(self, sock: socket.socket, context: Context, request_ids: list[str], raw: list[RawRequest],
+               started: float) -> NoReturn:
+        """TorchServe's worker loop, leaner, from the first batch on: answer the batch, then read the
+        next from the frontend's socket (wire.py). The worker never returns to TorchServe's loop; it
+        ends as that loop does, when the frontend closes the socket."""
+        reader = FrameReader(sock)
+        log.info("%s", OWN_LOOP_LINE)
+        while True:
+            with self.busy.held():  # a stopping server waits for this batch's answers
+                responses = self._handle(raw, context)
+                _close_timing(responses, started)
+                try:
+                    sock.sendall(_answer_frame(request_ids, responses, raw))
+                except OSError as err:
+                    log.info("the frontend's socket failed (%s); this worker exits", err)
+                    raise SystemExit(0) from None
+            # TorchServe's own metric of the batch, as its loop records it.
+            context.metrics.add_time(PREDICTION_METRIC, round((time.perf_counter() - started) * 1000, 2))
+            self.freed_memory.release()  # in the background, while the next batch is read
+            batch = _next_batch(reader)
+            started = time.perf_counter()
+            request_ids = [request.request_id for request in batch]
+            context.metrics.request_ids = dict(enumerate(request_ids))  # what the batch's metric lines are tagged with
+            raw = [_raw_from_wire(request) for request in batch]
+
+    def _handle(self, raw: list[RawRequest], context: Context) -> list[Response]:
         if self.device_failure is None:
             try:
                 responses, report = self.service.handle_with_report(raw)
@@ -117,13 +155,8 @@ class EmbeddingHandler:
         return responses
 
     @staticmethod
-    def _reply(responses: list[Response], context: Context, *, handler_ms: float) -> None:
-        # The handler's whole time closes each answer's Server-Timing: what it leaves out of a
-        # request's latency is TorchServe's (bench/latency.py splits it).
-        timing = f"handler;dur={handler_ms:.3f}"
+    def _reply(responses: list[Response], context: Context) -> None:
         for idx, response in enumerate(responses):
-            stages = response.headers.get("server-timing")
-            response.headers["server-timing"] = f"{stages}, {timing}" if stages else timing
             context.set_response_content_type(idx, response.content_type)
             if response.status != 200:
                 # The reason phrase is fixed ASCII; the detail is in the JSON body.
@@ -147,18 +180,63 @@ def drop_per_batch_lines(record: logging.LogRecord) -> bool:
     return not (record.msg == RECEIVED_LINE and record.levelno == logging.INFO)
 
 
+def _close_timing(responses: list[Response], started: float) -> None:
+    """The handler's whole time closes each answer's Server-Timing: what it leaves out of a
+    request's latency is TorchServe's (bench/latency.py splits it)."""
+    timing = f"handler;dur={(time.perf_counter() - started) * 1000:.3f}"
+    for response in responses:
+        stages = response.headers.get("server-timing")
+        response.headers["server-timing"] = f"{stages}, {timing}" if stages else timing
+
+
+def _answer_frame(request_ids: list[str], responses: list[Response], raw: list[RawRequest]) -> bytes:
+    try:
+        return answer_frame(request_ids, responses)
+    except Exception as err:  # a bug in one answer must not leave its batch unanswered
+        log_failure("writing the batch's answers (every request of it is answered 500)", err)
+        return answer_frame(request_ids, failed(raw))
+
+
+def _next_batch(reader: FrameReader) -> list[WireRequest]:
+    try:
+        return reader.next_batch()
+    except FrontendGone:
+        log.info("Frontend disconnected.")  # TorchServe's words for the same end
+        raise SystemExit(0) from None
+    except (UnexpectedCommand, OSError) as err:
+        log.critical("reading the next batch failed (%s); this worker exits and TorchServe replaces it", err)
+        raise SystemExit(1) from None
+
+
 def _raw_request(row: dict[str, Any], idx: int, context: Context) -> RawRequest:
+    """A request as TorchServe's loop hands it over, its JSON body already decoded."""
     # A plain POST body arrives as the parameter "body" (or "data" from some clients).
     body = row.get("body", row.get("data"))
     content_type = _content_type(idx, context)
-    # TorchServe passes the headers and the body but not the HTTP method (TORCHSERVE.note): a request
-    # with neither a body nor a content type is what a GET sends, any other is taken for a POST.
-    method = "GET" if not body and not content_type else "POST"
     if isinstance(body, str) and content_type == "application/json":
         # TorchServe decoded the JSON body, a JSON string: give the codec what was sent, so that
         # it is refused as JSON that is not an object instead of taken for a text/plain body.
         body = json.dumps(body)
-    return RawRequest(body=body, content_type=content_type, url_path=_header(idx, context, "url_path"), method=method)
+    return _request(body, content_type, _header(context.get_all_request_header(idx), "url_path"))
+
+
+def _raw_from_wire(request: WireRequest) -> RawRequest:
+    """A request as the frontend sent it, its body bytes, read as TorchServe's loop reads it: the
+    last parameter of a name wins, the body is "body" or else "data", and the content type is the
+    body parameter's or else the request's header."""
+    parameters = {parameter.name: parameter for parameter in request.parameters}
+    parameter = parameters.get("body", parameters.get("data"))
+    content_type = next((parameters[name].content_type for name in ("body", "data")
+                         if name in parameters and parameters[name].content_type), None)
+    return _request(parameter.value if parameter else None, content_type or _header(request.headers, "content-type"),
+                    _header(request.headers, "url_path"))
+
+
+def _request(body: Any, content_type: str | None, url_path: str | None) -> RawRequest:
+    # TorchServe passes the headers and the body but not the HTTP method (TORCHSERVE.note): a request
+    # with neither a body nor a content type is what a GET sends, any other is taken for a POST.
+    method = "GET" if not body and not content_type else "POST"
+    return RawRequest(body=body, content_type=content_type, url_path=url_path, method=method)
 
 
 def _content_type(idx: int, context: Context) -> str | None:
@@ -167,11 +245,11 @@ def _content_type(idx: int, context: Context) -> str | None:
         parameter = context.get_request_header(idx, name)
         if isinstance(parameter, dict) and parameter.get("content-type"):
             return parameter["content-type"]
-    return _header(idx, context, "content-type")
+    return _header(context.get_all_request_header(idx), "content-type")
 
 
-def _header(idx: int, context: Context, name: str) -> str | None:
-    for key, value in context.get_all_request_header(idx).items():
+def _header(headers: dict[str, Any], name: str) -> str | None:
+    for key, value in headers.items():
         if key.lower() == name and isinstance(value, str):
             return value
     return None
