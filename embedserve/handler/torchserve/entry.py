@@ -117,23 +117,29 @@ class EmbeddingHandler:
         ends as that loop does, when the frontend closes the socket."""
         reader = FrameReader(sock)
         log.info("%s", OWN_LOOP_LINE)
-        while True:
-            with self.busy.held():  # a stopping server waits for this batch's answers
-                responses = self._handle(raw, context)
-                _close_timing(responses, started)
-                try:
-                    sock.sendall(_answer_frame(request_ids, responses, raw))
-                except OSError as err:
-                    log.info("the frontend's socket failed (%s); this worker exits", err)
-                    raise SystemExit(0) from None
-            # TorchServe's own metric of the batch, as its loop records it.
-            context.metrics.add_time(PREDICTION_METRIC, round((time.perf_counter() - started) * 1000, 2))
-            self.freed_memory.release()  # in the background, while the next batch is read
-            batch = _next_batch(reader)
-            started = time.perf_counter()
-            request_ids = [request.request_id for request in batch]
-            context.metrics.request_ids = dict(enumerate(request_ids))  # what the batch's metric lines are tagged with
-            raw = [_raw_from_wire(request) for request in batch]
+        try:
+            while True:
+                with self.busy.held():  # a stopping server waits for this batch's answers
+                    responses = self._handle(raw, context)
+                    _close_timing(responses, started)
+                    try:
+                        sock.sendall(_answer_frame(request_ids, responses, raw))
+                    except OSError as err:
+                        log.info("the frontend's socket failed (%s); this worker exits", err)
+                        raise SystemExit(0) from None
+                # TorchServe's own metric of the batch, as its loop records it.
+                context.metrics.add_time(PREDICTION_METRIC, round((time.perf_counter() - started) * 1000, 2))
+                self.freed_memory.release()  # in the background, while the next batch is read
+                batch = _next_batch(reader)
+                started = time.perf_counter()
+                request_ids = [request.request_id for request in batch]
+                context.metrics.request_ids = dict(enumerate(request_ids))  # what its metric lines are tagged with
+                raw = [_raw_from_wire(request) for request in batch]
+        except Exception as err:
+            # Never back into TorchServe's loop, whose batch this is not: the frontend answers the
+            # batch in hand "Worker died." (500) and starts a fresh worker.
+            log_failure("the worker's own loop (this worker exits and TorchServe replaces it)", err)
+            os._exit(1)
 
     def _handle(self, raw: list[RawRequest], context: Context) -> list[Response]:
         if self.device_failure is None:

@@ -129,3 +129,19 @@ def test_a_negative_length_is_a_malformed_frame_not_a_loop():
     _, sock = _send(bad)
     with pytest.raises(MalformedFrame, match="length -7"):
         FrameReader(sock).next_batch()
+
+
+def test_the_worker_loop_benchmark_reads_its_frames_with_both_loops():
+    """bench.worker_loop's frames are batches both readers read whole (its figures would be
+    of errors otherwise), and it reports each side's CPU a request."""
+    from bench.worker_loop import batch_frame, measure
+
+    data = batch_frame(["one text", "another text"], 7)
+    _, sock = _send(data)
+    [first, second] = FrameReader(sock).next_batch()
+    _, ts_sock = _send(data)
+    assert [r["requestId"].decode() for r in retrieve_msg(ts_sock)[1]] == [first.request_id, second.request_id]
+    assert json.loads(second.parameters[0].value) == {"input": "another text"}
+    result = measure(batches=5, sizes=[1, 3])
+    assert [row["batch"] for row in result["rows"]] == [1, 3]
+    assert all(value > 0 for row in result["rows"] for side in ("read_us", "write_us") for value in row[side].values())
