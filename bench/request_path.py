@@ -87,7 +87,8 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
         server.start()
         try:
             server.wait_ready(timeout=600)
-            urls = {name: f"{server.url('inference')}/predictions/{name}" for name in ("tiny", TORCHSERVE_LOOP, "noop")}
+            urls = {name: f"{server.url('inference')}/predictions/{name}"
+                    for name in ("tiny", TORCHSERVE_LOOP, "noop")}
             for url in urls.values():  # the frontend's JIT and the workers' first batches
                 warm_up(url, server.auth(), texts, tokens, seconds={clients: WARMUP_SECONDS[64]})
             runs: dict[str, list[dict]] = {name: [] for name in urls}

@@ -79,7 +79,9 @@ OPTION_NOTES = {
 
 
 def _options(model: ServedModel, tei: bool) -> dict[str, Any]:
-    shared = {key: option_schema(key, model) for key in ("truncate", "truncation_direction", "prompt_name")}
+    # long_input: the task reads it on every route, and takes "truncate" alone (refuse_long_input).
+    shared = {key: option_schema(key, model)
+              for key in ("truncate", "truncation_direction", "prompt_name", "long_input")}
     own = {
         "threshold": {"type": ["number", "null"], "minimum": 0, "default": 0,
                       "description": OPTION_NOTES["threshold"]},
