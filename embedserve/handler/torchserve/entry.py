@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from dataclasses import replace
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,7 +28,8 @@ from embedserve.handler.service import EmbeddingService
 from embedserve.handler.settings import Settings
 from embedserve.handler.torchserve.frontend import answer_limit, frontend_max_response_size
 from embedserve.handler.torchserve.profile import TORCHSERVE
-from embedserve.handler.torchserve.wire import FrameReader, FrontendGone, UnexpectedCommand, WireRequest, answer_frame
+from embedserve.handler.torchserve.wire import (FrameReader, FrontendGone, UnexpectedCommand, WireRequest, answer_frame,
+                                                reason_phrase)
 from embedserve.handler.worker.allocator import FreedMemory, pin_mmap_threshold
 from embedserve.handler.worker.busy import BusyMark
 from embedserve.handler.worker.failures import log_failure
@@ -165,8 +165,7 @@ class EmbeddingHandler:
         for idx, response in enumerate(responses):
             context.set_response_content_type(idx, response.content_type)
             if response.status != 200:
-                # The reason phrase is fixed ASCII; the detail is in the JSON body.
-                context.set_response_status(response.status, HTTPStatus(response.status).phrase, idx)
+                context.set_response_status(response.status, reason_phrase(response.status), idx)
             for key, value in response.headers.items():
                 context.set_response_header(idx, key, value)
 

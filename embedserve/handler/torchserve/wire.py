@@ -134,6 +134,12 @@ def _fields(buffer: bytearray, pos: int, count: int) -> tuple[list[bytearray], i
     return fields, pos
 
 
+def reason_phrase(status: int) -> str:
+    """The reason phrase an answer carries: none for 200, else the status's (fixed ASCII; the
+    detail is in the JSON body)."""
+    return "" if status == 200 else HTTPStatus(status).phrase
+
+
 def answer_frame(request_ids: Sequence[str], responses: Sequence[Response]) -> bytes:
     """One batch's answer frame: per request its id, content type, status, reason, headers and body."""
     pack = _INT.pack
@@ -144,8 +150,7 @@ def answer_frame(request_ids: Sequence[str], responses: Sequence[Response]) -> b
         headers = {"content-type": response.content_type, **response.headers}
         request_id = request_id.encode("utf-8")
         content_type = response.content_type.encode("utf-8")
-        # The reason phrase is fixed ASCII; the detail is in the JSON body.
-        phrase = b"" if response.status == 200 else HTTPStatus(response.status).phrase.encode("ascii")
+        phrase = reason_phrase(response.status).encode("ascii")
         parts += (pack(len(request_id)), request_id, pack(len(content_type)), content_type, pack(response.status),
                   pack(len(phrase)), phrase, pack(len(headers)))
         for name, value in headers.items():
