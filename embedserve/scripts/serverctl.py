@@ -44,6 +44,10 @@ DRAIN_POLL_S = 0.25
 READINESS_TEXT = "readiness check"
 WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]"}
 GRPC_DEFAULT_PORTS = {"inference": 7070, "management": 7071}  # TorchServe's, when not configured
+# The frontend's logging: TorchServe's files without its lines for every request and batch
+# (the file says what it leaves out and what that saves).
+LOG_CONFIG = Path(__file__).with_name("log4j2.xml")
+LOG_CONFIG_VMARG = "-Dlog4j.configurationFile="
 
 
 class ServerError(RuntimeError):
@@ -54,6 +58,7 @@ class ServerError(RuntimeError):
 class TorchServe:
     config: Path
     workdir: Path  # holds key_file.json, logs/ and the pid file; one folder per server
+    log_config: Path | None = LOG_CONFIG  # None: TorchServe's own
 
     def __post_init__(self) -> None:
         self.config = self.config.resolve()
@@ -110,10 +115,19 @@ class TorchServe:
         model_store = Path(self.properties.get("model_store", "model_store"))
         if not model_store.is_absolute():
             model_store = self.config.parent / model_store
-        command = [_torchserve(), "--start", "--ncs", "--ts-config", str(self.config), "--model-store", str(model_store)]
+        command = [_torchserve(), "--start", "--ncs", "--ts-config", str(self.config), "--model-store", str(model_store),
+                   *self.log_config_arguments()]
         # The JVM keeps its stdout open: write it to a file, never to a pipe.
         with (self.logs / "torchserve.out").open("ab") as out:
             subprocess.run(command, cwd=self.workdir, env=self.env, stdout=out, stderr=subprocess.STDOUT, check=True)
+
+    def log_config_arguments(self) -> list[str]:
+        """The project's log configuration, unless config.properties' `vmargs` names one of its own
+        (TorchServe's `--log-config` would replace it)."""
+        vmargs = self.properties.get("vmargs", "").split()
+        if self.log_config is None or any(arg.startswith(LOG_CONFIG_VMARG) for arg in vmargs):
+            return []
+        return ["--log-config", str(self.log_config)]
 
     def pid(self) -> int | None:
         pid_file = self.workdir / ".run" / ".model_server.pid"

@@ -41,7 +41,7 @@ from referencing import Registry, Resource
 from embedserve.archive.metrics_config import metrics_config
 from embedserve.archive.ts_config import read_properties
 from embedserve.scripts import probe
-from embedserve.scripts.serverctl import TorchServe, free_port, isolated_config
+from embedserve.scripts.serverctl import LOG_CONFIG_VMARG, TorchServe, free_port, isolated_config
 from tests.support import REPO
 from tests.support.serving import build, make_server_config
 
@@ -61,7 +61,7 @@ K8S_VERSIONS = (OLDEST_K8S, kubernetes_validate.latest_version())
 # The properties that may differ between the repository's config and a deployed one.
 LISTENER_KEYS = {"inference_address", "management_address", "metrics_address", "grpc_inference_address",
                  "grpc_management_address", "grpc_inference_port", "grpc_management_port"}
-PATH_KEYS = {"model_store", "metrics_config"}
+PATH_KEYS = {"model_store", "metrics_config", "vmargs"}
 KSERVE_MOUNT = "/mnt/models"  # where KServe's storage initializer puts the storage URI
 
 
@@ -398,6 +398,14 @@ def test_container_config_points_at_the_files_the_image_holds():
     assert f"model_store/{properties['load_models']}" in {src for src, _ in dockerfile_copies()}
     assert "model_store/metrics.yaml" in {src for src, _ in dockerfile_copies()}
     assert dockerfile_env()["EMBEDSERVE_CONFIG"] in destinations
+    assert ("embedserve/scripts/log4j2.xml", log_config_path(CONTAINER_CONFIG)) in dockerfile_copies()
+
+
+def log_config_path(config: Path) -> str:
+    """The file the config's `vmargs` names as the frontend's log configuration."""
+    (path,) = (arg.removeprefix(LOG_CONFIG_VMARG) for arg in read_properties(config)["vmargs"].split()
+               if arg.startswith(LOG_CONFIG_VMARG))
+    return path.removeprefix("file://")
 
 
 def test_kserve_config_has_the_root_config_model_and_limits():
@@ -413,6 +421,8 @@ def test_kserve_config_uses_the_layout_of_the_torchserve_runtime():
     properties = read_properties(KSERVE_CONFIG)
     assert properties["model_store"] == f"{KSERVE_MOUNT}/model-store"
     assert properties["metrics_config"] == f"{KSERVE_MOUNT}/model-store/metrics.yaml"
+    # KServe runs the project's image (inferenceservice.yaml), which holds the log configuration.
+    assert log_config_path(KSERVE_CONFIG) == log_config_path(CONTAINER_CONFIG)
     (doc,) = load_yaml_docs(ISVC)
     (port,) = _model(doc)["ports"]  # the port KServe's Service sends traffic to
     assert port["containerPort"] == _port(properties["inference_address"])

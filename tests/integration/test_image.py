@@ -85,6 +85,10 @@ def test_ready_within_a_minute_as_uid_1000_on_a_read_only_root(replica_a):
     assert replica_a.exec("touch", "/opt/embedserve/x").returncode != 0  # the root filesystem is read-only
     assert replica_a.exec("touch", "/home/embedserve/x").returncode == 0  # the home volume is not
     assert replica_a.exec("test", "-s", "/home/embedserve/logs/ts_log.log").returncode == 0  # the logs go there
+    # With the project's log configuration (its vmargs): the readiness checks' requests in the access
+    # log, none of TorchServe's lines a batch in ts_log.log.
+    assert replica_a.exec("grep", "-q", "POST /predictions/", "/home/embedserve/logs/access_log.log").returncode == 0
+    assert replica_a.exec("grep", "-q", "Looping backend response", "/home/embedserve/logs/ts_log.log").returncode == 1
     # The container's own config.properties, as deploy/container/ holds it.
     served = replica_a.exec("cat", "/opt/embedserve/config/config.properties").stdout
     assert served == (REPO / "deploy" / "container" / "config.properties").read_text()

@@ -355,6 +355,24 @@ def test_request_text_never_reaches_the_logs(server):
     assert [str(p) for p, text in logs.items() if canary in text] == []
 
 
+def test_the_frontend_logs_each_request_once_and_no_line_a_batch(server):
+    """serverctl starts TorchServe with embedserve/scripts/log4j2.xml: each request in access_log.log
+    alone, none of TorchServe's lines a batch or a request in ts_log.log, each of its lines once."""
+    access = server.logs / "access_log.log"
+    before, samples = access.read_text().count("/predictions/tiny "), settled_metric_samples(server)
+    for text in TEXTS[:5]:
+        assert predict(server, {"input": text}).status_code == 200
+    time.sleep(2)  # the frontend writes its logs asynchronously
+    assert access.read_text().count("/predictions/tiny ") == before + 5
+    ts_log = (server.logs / "ts_log.log").read_text()
+    assert ts_log.count("Torchserve version:") == 1  # once: not also through the root logger
+    for per_batch in ("ACCESS_LOG", "result=[METRICS]", "Looping backend response", "Backend response time",
+                      "Sending response for jobId", "Flushing req.cmd"):
+        assert per_batch not in ts_log, per_batch
+    # The metric lines it no longer copies into ts_log.log still reach Prometheus.
+    assert metric_growth(samples, metric_samples_after(server, samples, 5), "EmbedRequests") >= 5
+
+
 def test_the_served_archives_hold_no_pickle(server):
     from embedserve.archive.build import pickled_members
 
