@@ -3,6 +3,8 @@
 byte for byte, over a real socket pair."""
 
 import json
+import multiprocessing
+import os
 import socket
 import struct
 import threading
@@ -16,6 +18,7 @@ from embedserve.handler.api.codec import decode_body
 from embedserve.handler.api.exchange import Response
 from embedserve.handler.torchserve import entry
 from embedserve.handler.torchserve.wire import FrameReader, FrontendGone, MalformedFrame, UnexpectedCommand, answer_frame
+from embedserve.handler.worker.busy import BusyMark
 
 
 def _field(value: bytes) -> bytes:
@@ -145,3 +148,36 @@ def test_the_worker_loop_benchmark_reads_its_frames_with_both_loops():
     result = measure(batches=5, sizes=[1, 3])
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     assert all(value > 0 for row in result["rows"] for side in ("read_us", "write_us") for value in row[side].values())
+
+
+def test_an_error_no_part_of_the_own_loop_answers_ends_the_worker(tmp_path):
+    """The loop's last guard. The fault is injected (the handler's batch step replaced by one that
+    raises, as a bug past every per-request answer would): the worker process exits with status 1,
+    which TorchServe answers "Worker died." and replaces, having sent nothing and without returning
+    into TorchServe's loop, whose batch this is not. A forked process, so that the real exit runs."""
+    worker_end, frontend_end = socket.socketpair()
+
+    def worker():
+        handler = entry.EmbeddingHandler()
+        handler.own_loop, handler.busy = True, BusyMark(tmp_path)
+
+        def broken(raw, context):
+            raise RuntimeError("a bug")
+
+        handler._handle = broken
+        context = Context("tiny", "/tmp", {}, 8, None, "0.12.0")
+        context.request_processor, context.request_ids = [RequestProcessor({})], {0: "a1"}
+        context.cl_socket = worker_end
+        try:
+            handler.handle([{"body": b'{"input": "x"}'}], context)
+        except BaseException:
+            os._exit(6)  # raised into TorchServe's loop
+        os._exit(5)  # returned into TorchServe's loop
+
+    child = multiprocessing.get_context("fork").Process(target=worker)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 1
+    frontend_end.setblocking(False)
+    with pytest.raises(BlockingIOError):  # open, and nothing was sent on it
+        frontend_end.recv(1)
