@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import socket
-import struct
 import sys
 import threading
 import time
@@ -31,25 +30,18 @@ from bench.request_path import short_texts
 from embedserve.handler.api.exchange import Response
 from embedserve.handler.torchserve.wire import FrameReader, answer_frame
 from embedserve.handler.worker.cpu_features import describe_cpu
+from tests.support import frames
 
 # What a Python client's request carries (the frontend passes every HTTP header on).
 HEADERS = (("Host", "127.0.0.1:8080"), ("User-Agent", "python-requests/2.32"), ("Accept", "*/*"),
            ("Content-Type", "application/json"), ("Content-Length", "48"))
-END = struct.pack("!i", -1)
-
-
-def _field(value: bytes) -> bytes:
-    return struct.pack("!i", len(value)) + value
 
 
 def batch_frame(texts: list[str], first_id: int) -> bytes:
-    out = [b"I"]
-    for offset, text in enumerate(texts):
-        out.append(_field(f"{first_id + offset:08d}-0000-4000-8000-000000000000".encode()))
-        out += [_field(name.encode()) + _field(value.encode()) for name, value in HEADERS]
-        out += [END, _field(b"body"), _field(b"application/json"), _field(json.dumps({"input": text}).encode()), END]
-    out.append(END)
-    return b"".join(out)
+    """One short-text request a text, each with the headers a Python client sends."""
+    return frames.batch_frame([{"id": f"{first_id + offset:08d}-0000-4000-8000-000000000000", "headers": dict(HEADERS),
+                                "parameters": [("body", "application/json", json.dumps({"input": text}).encode())]}
+                               for offset, text in enumerate(texts)])
 
 
 def _read_cpu_us(frames: bytes, batches: int, size: int, read) -> float:

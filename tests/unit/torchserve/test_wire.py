@@ -19,25 +19,7 @@ from embedserve.handler.api.exchange import Response
 from embedserve.handler.torchserve import entry
 from embedserve.handler.torchserve.wire import FrameReader, FrontendGone, MalformedFrame, UnexpectedCommand, answer_frame
 from embedserve.handler.worker.busy import BusyMark
-
-
-def _field(value: bytes) -> bytes:
-    return struct.pack("!i", len(value)) + value
-
-
-def frame(requests: list[dict]) -> bytes:
-    """A batch frame as the frontend writes it: `I`, then per request its id, headers and
-    parameters, each list ended by -1."""
-    out = b"I"
-    for request in requests:
-        out += _field(request["id"].encode())
-        for name, value in request.get("headers", {}).items():
-            out += _field(name.encode()) + _field(value.encode())
-        out += struct.pack("!i", -1)
-        for name, content_type, value in request.get("parameters", []):
-            out += _field(name.encode()) + _field(content_type.encode()) + _field(value)
-        out += struct.pack("!i", -1)
-    return out + struct.pack("!i", -1)
+from tests.support.frames import batch_frame as frame, field as _field
 
 
 BATCH = [
