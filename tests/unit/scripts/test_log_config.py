@@ -79,3 +79,13 @@ def test_serverctl_starts_torchserve_with_it_unless_vmargs_names_another(tmp_pat
     assert server(tmp_path, vmargs="-Xmx2g").log_config_arguments() == ["--log-config", str(LOG_CONFIG)]
     own = f"-Xmx2g {LOG_CONFIG_VMARG}file:///etc/mine.xml"
     assert server(tmp_path, vmargs=own).log_config_arguments() == []
+
+
+def test_the_benchmark_s_third_configuration_differs_only_in_the_access_log(tmp_path):
+    from bench.frontend_logging import without_access_log
+
+    ours, quiet = ET.parse(LOG_CONFIG).getroot(), ET.parse(without_access_log(tmp_path)).getroot()
+    assert appenders(quiet) == appenders(ours)
+    assert loggers(quiet)["ACCESS_LOG"].get("level") == "off"
+    assert {name for name, logger in loggers(quiet).items() if logger.get("level") != loggers(ours)[name].get("level")} \
+        == {"ACCESS_LOG"}
