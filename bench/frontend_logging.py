@@ -31,7 +31,9 @@ from embedserve.scripts.serverctl import LOG_CONFIG, TorchServe, isolated_config
 from tests.support.tiny_model import make_tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
-WARM_SECONDS = 8.0  # the frontend's JIT settles on the load's shape
+# The frontend's JIT compiler takes about a fifth of its CPU in a load shape's first 10 s, and
+# little after 20 s (docs/performance.md): warm each server past that.
+WARM_SECONDS = 30.0
 
 
 def without_access_log(folder: Path) -> Path:
