@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 from bench.load import run_load
-from bench.request_path import short_texts, worker_pids
-from bench.serving import server_cpu_seconds
+from bench.request_path import measured_run, short_texts
 from embedserve.archive.build import main as build_main
 from embedserve.handler.worker.cpu_features import describe_cpu
 from embedserve.scripts.serverctl import LOG_CONFIG, TorchServe, isolated_config
@@ -74,15 +73,9 @@ def measure(seconds: float, repeats: int, clients: int) -> dict:
             runs: dict[str, list[dict]] = {name: [] for name in servers}
             for _ in range(repeats):
                 for name, server in servers.items():
-                    workers = worker_pids(server, "tiny")
-                    before = server_cpu_seconds(server, workers)
-                    load = run_load(urls[name], server.auth(), texts, tokens, concurrency=clients,
-                                    texts_per_request=1, seconds=seconds, warmup_seconds=0.0)
-                    frontend, worker = (end - start for end, start in zip(server_cpu_seconds(server, workers), before))
-                    served = load.requests + sum(load.errors.values()) + clients  # and one a client before them
-                    runs[name].append({"requests_per_s": load.summary()["texts_per_s"], "errors": load.errors,
-                                       "frontend_cpu_us": round(frontend / served * 1e6, 1),
-                                       "worker_cpu_us": round(worker / served * 1e6, 1)})
+                    run = measured_run(server, "tiny", urls[name], texts, tokens, clients, seconds)
+                    runs[name].append({"requests_per_s": run["texts_per_s"], "errors": run["errors"],
+                                       **{key: run[key] for key in ("frontend_cpu_us", "worker_cpu_us")}})
                     print(name, runs[name][-1], file=sys.stderr, flush=True)
                     time.sleep(0.5)
         finally:

@@ -94,15 +94,7 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
             runs: dict[str, list[dict]] = {name: [] for name in urls}
             for _ in range(REPEATS):
                 for name, url in urls.items():
-                    workers = worker_pids(server, name)
-                    before = server_cpu_seconds(server, workers)
-                    load = run_load(url, server.auth(), texts, tokens, concurrency=clients, texts_per_request=1,
-                                    seconds=seconds, warmup_seconds=0.0)
-                    frontend, worker = (end - start for end, start in zip(server_cpu_seconds(server, workers), before))
-                    # Every request the counters saw: the counted, the failed, and one a client before them.
-                    served = load.requests + sum(load.errors.values()) + clients
-                    runs[name].append({**load.summary(), "worker_cpu_us": round(worker / served * 1e6, 1),
-                                       "frontend_cpu_us": round(frontend / served * 1e6, 1)})
+                    runs[name].append(measured_run(server, name, url, texts, tokens, clients, seconds))
                     time.sleep(0.5)
         finally:
             server.stop()
@@ -120,6 +112,21 @@ def measure(seconds: float, clients: int, build_args: tuple[str, ...] = ()) -> d
         result[TORCHSERVE_LOOP]["worker_cpu_us"] - result["noop"]["worker_cpu_us"], 1)
     result["cpu"] = describe_cpu()
     return result
+
+
+def measured_run(server: TorchServe, model: str, url: str, texts: list[str], tokens: list[int], clients: int,
+                 seconds: float) -> dict:
+    """One run of one-text requests to `model`: the load's summary, and the CPU a request of the
+    model's workers and of the frontend, from the kernel's counters around it."""
+    workers = worker_pids(server, model)
+    before = server_cpu_seconds(server, workers)
+    load = run_load(url, server.auth(), texts, tokens, concurrency=clients, texts_per_request=1, seconds=seconds,
+                    warmup_seconds=0.0)
+    frontend, worker = (end - start for end, start in zip(server_cpu_seconds(server, workers), before))
+    # Every request the counters saw: the counted, the failed, and one a client before them.
+    served = load.requests + sum(load.errors.values()) + clients
+    return {**load.summary(), "worker_cpu_us": round(worker / served * 1e6, 1),
+            "frontend_cpu_us": round(frontend / served * 1e6, 1)}
 
 
 def worker_pids(server: TorchServe, model: str) -> list[int]:

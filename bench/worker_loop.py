@@ -28,6 +28,7 @@ from ts.service import Service
 
 from bench.request_path import short_texts
 from embedserve.handler.api.exchange import Response
+from embedserve.handler.torchserve.entry import EmbeddingHandler
 from embedserve.handler.torchserve.wire import FrameReader, answer_frame
 from embedserve.handler.worker.cpu_features import describe_cpu
 from tests.support import frames
@@ -78,12 +79,9 @@ def _write_cpu_us(size: int, batches: int) -> dict[str, float]:
     ids = {idx: f"{idx:08d}-0000-4000-8000-000000000000" for idx in range(size)}
     context = Context("tiny", "/tmp", {}, size, None, "0.12.0")
 
-    def torchserve() -> None:
+    def torchserve() -> None:  # the handler's reply through the context, then TorchServe's frame
         context.request_processor = [RequestProcessor({}) for _ in ids]
-        for idx, response in enumerate(responses):
-            context.set_response_content_type(idx, response.content_type)
-            for name, value in response.headers.items():
-                context.set_response_header(idx, name, value)
+        EmbeddingHandler._reply(responses, context)
         create_predict_response([r.body for r in responses], ids, "Prediction success", 200, context=context)
 
     figures = {}

@@ -124,8 +124,7 @@ class TorchServe:
     def log_config_arguments(self) -> list[str]:
         """The project's log configuration, unless config.properties' `vmargs` names one of its own
         (TorchServe's `--log-config` would replace it)."""
-        vmargs = self.properties.get("vmargs", "").split()
-        if self.log_config is None or any(arg.startswith(LOG_CONFIG_VMARG) for arg in vmargs):
+        if self.log_config is None or named_log_config(self.properties) is not None:
             return []
         return ["--log-config", str(self.log_config)]
 
@@ -330,6 +329,12 @@ def free_port() -> int:
 
 def _has_a_ready_worker(described: dict) -> bool:
     return any(isinstance(worker, dict) and worker.get("status") == "READY" for worker in described.get("workers") or [])
+
+
+def named_log_config(properties: dict[str, str]) -> str | None:
+    """The log configuration config.properties' `vmargs` names, if any."""
+    return next((arg.removeprefix(LOG_CONFIG_VMARG) for arg in properties.get("vmargs", "").split()
+                 if arg.startswith(LOG_CONFIG_VMARG)), None)
 
 
 def isolated_config(root: Path, base: Path, name: str = "config.properties", **properties: str) -> Path:

@@ -41,7 +41,7 @@ from referencing import Registry, Resource
 from embedserve.archive.metrics_config import metrics_config
 from embedserve.archive.ts_config import read_properties
 from embedserve.scripts import probe
-from embedserve.scripts.serverctl import LOG_CONFIG_VMARG, TorchServe, free_port, isolated_config
+from embedserve.scripts.serverctl import TorchServe, free_port, isolated_config, named_log_config
 from tests.support import REPO
 from tests.support.serving import build, make_server_config
 
@@ -403,9 +403,7 @@ def test_container_config_points_at_the_files_the_image_holds():
 
 def log_config_path(config: Path) -> str:
     """The file the config's `vmargs` names as the frontend's log configuration."""
-    (path,) = (arg.removeprefix(LOG_CONFIG_VMARG) for arg in read_properties(config)["vmargs"].split()
-               if arg.startswith(LOG_CONFIG_VMARG))
-    return path.removeprefix("file://")
+    return named_log_config(read_properties(config)).removeprefix("file://")
 
 
 def test_kserve_config_has_the_root_config_model_and_limits():
