@@ -48,7 +48,7 @@ SHAPE_OVERHEAD_S = 3.0  # starting the processes, the last requests, the summary
 STOP_RESERVE_S = 25.0  # what `run` keeps of its deadline for stopping the server
 BATCH_RESERVE_S = 20.0  # what the shapes leave of the deadline for `embedserve batch` after them
 PACKAGES = ("torch", "transformers", "sentence-transformers", "tokenizers", "safetensors", "numpy", "orjson",
-            "aiohttp", "uvloop", "nvidia-ml-py", "psutil", "torchserve", "torch-model-archiver")
+            "uvloop", "nvidia-ml-py", "psutil", "torchserve", "torch-model-archiver")
 
 
 class Report:

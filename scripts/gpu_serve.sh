@@ -162,7 +162,7 @@ EOF
     fi
     local java=${JAVA_HOME:+$JAVA_HOME/bin/}java
     timeout 30 "$java" -version 2>&1 || { echo "MISSING: a Java that runs ($java)"; return 1; }
-    timeout 60 "$PY" -c 'import ts, model_archiver, orjson, psutil, aiohttp, yaml; print("ts from", ts.__file__)' \
+    timeout 60 "$PY" -c 'import ts, model_archiver, orjson, psutil, yaml; print("ts from", ts.__file__)' \
         || { echo "MISSING: a package the server or the load needs (above)"; return 1; }
     command -v torchserve > /dev/null || [[ -x $(dirname "$(command -v "$PY")")/torchserve ]] \
         || { echo "MISSING: the torchserve launcher"; return 1; }
