@@ -175,15 +175,16 @@ class Answer:
         for line in lines:
             name, _, value = line.partition(b":")
             fields[name.strip().lower()] = value.strip().lower()
-        version, status = status_line.split(b" ", 2)[:2]
+        version, code = status_line.split(b" ", 2)[:2]
+        status = int(code)
         if b"chunked" in fields.get(b"transfer-encoding", b""):
             length = CHUNKED
         elif b"content-length" in fields:
             length = int(fields[b"content-length"])
         else:
-            length = 0 if int(status) in (204, 304) or 100 <= int(status) < 200 else UNTIL_CLOSE
+            length = 0 if status in (204, 304) or 100 <= status < 200 else UNTIL_CLOSE
         closes = fields.get(b"connection") == b"close" or (version == b"HTTP/1.0" and fields.get(b"connection") != b"keep-alive")
-        return cls(int(status), body_start, length, closes or length == UNTIL_CLOSE)
+        return cls(status, body_start, length, closes or length == UNTIL_CLOSE)
 
     def end(self, buffer: bytearray) -> int | None:
         """Where the answer ends in `buffer`, or None while it is not all in."""
