@@ -25,7 +25,8 @@ def test_every_phase_comes_back_with_its_figures(tiny_model_dir, tmp_path):
         assert row["texts_per_s"] > 0 and row["cpu_us_per_text"] > 0
         assert {"parse", "tokenize", "model", "encode"} <= set(row["stage_us_per_text_rank0"])
     # The listing keeps the 25 costliest functions by their own time: which ones they are varies with the
-    # machine (handle_with_report itself rarely among them), so the test asks only that a profile came back.
+    # machine (handle_with_report, with little time of its own, was among them here and not on CI's), so the
+    # test asks only that a profile came back.
     profile = report["rows"][0]["profile"]
     assert "function calls" in profile and "Ordered by: internal time" in profile
 
